@@ -1,0 +1,33 @@
+"""Checks behind the exercise notebooks: one module per lecture (`nb01`, `nb02`, ...).
+
+A check calls the learner's function on chosen cases and raises AssertionError with a message
+that says what was wrong and hints at why, so an exercise answers "right?" at once. Each check
+must fail on the untouched stub and on plausible wrong answers (tests/test_checks_*.py prove
+it). Checks compare against PyTorch's own operations or known properties, not a copy of the
+solution.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def expect(condition: bool, message: str) -> None:
+    """Raise AssertionError(message) unless `condition`."""
+    if not condition:
+        raise AssertionError(message)
+
+
+def expect_close(actual, expected, what: str, atol: float = 1e-6, rtol: float = 1e-5, hint: str = "") -> None:
+    """Tensors/numbers `actual` and `expected` agree within tolerance, else a message naming `what`."""
+    actual_t, expected_t = torch.as_tensor(actual), torch.as_tensor(expected)
+    expect(actual_t.shape == expected_t.shape,
+           f"{what}: expected shape {tuple(expected_t.shape)}, got {tuple(actual_t.shape)}. {hint}".strip())
+    ok = torch.allclose(actual_t.double(), expected_t.double(), atol=atol, rtol=rtol)
+    if not ok:
+        diff = (actual_t.double() - expected_t.double()).abs().max().item()
+        raise AssertionError(f"{what}: max difference {diff:.3g} is above tolerance. {hint}".strip())
+
+
+def passed(name: str) -> None:
+    """Print the line a learner looks for after a check."""
+    print(f"\u2714 {name}: all checks passed")

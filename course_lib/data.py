@@ -1,0 +1,264 @@
+"""MNIST for the course: where it lives, three ways to feed it to a model.
+
+1. `mnist_dataset` — torchvision's MNIST with per-sample ToTensor/Normalize: the classic
+   DataLoader path (flexible, but every sample goes through Python).
+2. `TensorLoader` — the whole split as one normalised tensor, sliced into batches: no
+   per-sample work at all, optionally resident on the GPU (MNIST is 47 MB as float32).
+3. `ShardStream` — an IterableDataset over shard files on disk, for data larger than
+   memory; each DataLoader worker (and each distributed rank) reads its own shards.
+
+The data root is `$COURSE_DATA_DIR`, else `data/` at the repo root. Where files are missing the
+loader downloads them unless COURSE_DOWNLOAD=0; offline it fails fast and says what to do.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+RAW_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+SPLITS = tuple(RAW_FILES)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOWNLOAD_TIMEOUT_S = 20
+
+
+class MNISTNotFoundError(FileNotFoundError):
+    """MNIST is not on disk and could not be downloaded; the message says how to fix it."""
+
+
+def data_root() -> Path:
+    """`$COURSE_DATA_DIR` if set, else `data/` at the repository root."""
+    env = os.environ.get("COURSE_DATA_DIR")
+    return Path(env).expanduser() if env else REPO_ROOT / "data"
+
+
+def _resolve_root(root) -> Path:
+    return Path(root).expanduser() if root is not None else data_root()
+
+
+@dataclass(frozen=True)
+class MNISTStatus:
+    ok: bool
+    missing: tuple[str, ...]
+    summary: str
+
+
+def find_mnist(root=None) -> MNISTStatus:
+    """Which of the four raw MNIST files torchvision needs exist under `root`."""
+    raw = _resolve_root(root) / "MNIST" / "raw"
+    names = [n for pair in RAW_FILES.values() for n in pair]
+    missing = tuple(n for n in names if not (raw / n).is_file())
+    summary = f"{len(names) - len(missing)}/{len(names)} raw files in {raw}"
+    return MNISTStatus(not missing, missing, summary)
+
+
+def missing_message(root, missing) -> str:
+    raw = _resolve_root(root) / "MNIST" / "raw"
+    return (
+        f"MNIST was not found under {_resolve_root(root)} (missing: {', '.join(missing)}).\n"
+        "  Either connect to the internet once (the course downloads it on first use), or copy the\n"
+        "  four uncompressed MNIST files into this layout and point COURSE_DATA_DIR at the top folder:\n"
+        f"    $COURSE_DATA_DIR/MNIST/raw/train-images-idx3-ubyte   (and train-labels-idx1-ubyte,\n"
+        f"    $COURSE_DATA_DIR/MNIST/raw/t10k-images-idx3-ubyte     t10k-labels-idx1-ubyte)\n"
+        f"  e.g. `export COURSE_DATA_DIR=/path/to/folder` (currently looking in {raw})."
+    )
+
+
+def _download_allowed() -> bool:
+    return os.environ.get("COURSE_DOWNLOAD", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def mnist_dataset(split: str = "train", root=None, transform="normalize"):
+    """torchvision's MNIST for `split` ("train" or "test"), downloading if allowed.
+
+    transform: "normalize" (ToTensor + Normalize, the classic recipe), None (PIL images) or
+    any callable. Raises MNISTNotFoundError with instructions when the files cannot be had.
+    """
+    from torchvision import datasets, transforms
+
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
+    if isinstance(transform, str):
+        if transform != "normalize":
+            raise ValueError(f"transform must be 'normalize', None or a callable; got {transform!r}")
+        transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
+    root = _resolve_root(root)
+    status = find_mnist(root)
+    if not status.ok:
+        _download(root, status.missing)
+    return datasets.MNIST(str(root), train=(split == "train"), transform=transform, download=False)
+
+
+def _download(root: Path, missing) -> None:
+    """Download through torchvision with a socket timeout, so an offline machine fails in seconds."""
+    from torchvision import datasets
+
+    if not _download_allowed():
+        raise MNISTNotFoundError(missing_message(root, missing) + "\n  (COURSE_DOWNLOAD=0: not downloading.)")
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        datasets.MNIST(str(root), train=True, download=True)
+    except Exception as exc:  # urllib, DNS and torchvision errors all mean the same thing here
+        raise MNISTNotFoundError(
+            missing_message(root, missing) + f"\n  (download failed: {type(exc).__name__}: {exc})"
+        ) from None
+    finally:
+        socket.setdefaulttimeout(old)
+
+
+def normalize(images_uint8: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, 28, 28] -> float32 [N, 1, 28, 28], scaled as ToTensor + Normalize would."""
+    return ((images_uint8.float() / 255.0) - MNIST_MEAN).div_(MNIST_STD).unsqueeze(1)
+
+
+@functools.lru_cache(maxsize=4)
+def _raw_tensors(split: str, root: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ds = mnist_dataset(split, root, transform=None)
+    return ds.data, ds.targets
+
+
+def load_tensors(split: str = "train", root=None, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole split as (images float32 [N,1,28,28] normalised, labels int64 [N]).
+
+    limit: keep the first `limit` samples (MNIST's files are not sorted by class).
+    Read once per process and cached; callers get fresh tensors they may modify.
+    """
+    if limit is not None and (not isinstance(limit, int) or limit <= 0):
+        raise ValueError(f"limit must be a positive int or None; got {limit!r}")
+    images, labels = _raw_tensors(split, str(_resolve_root(root)))
+    if limit is not None:
+        images, labels = images[:limit], labels[:limit]
+    return normalize(images), labels.clone()
+
+
+class TensorLoader:
+    """Batches sliced from tensors already in memory, with DataLoader semantics.
+
+    Iterating yields (x, y) batches; `len()` is the number of batches; each new iteration is a
+    new epoch with a fresh permutation (from `seed`, so runs repeat). With `device` the tensors
+    are moved there once, so a training step does no host-to-device copy at all.
+    """
+
+    def __init__(self, *tensors: torch.Tensor, batch_size: int = 64, shuffle: bool = True,
+                 drop_last: bool = False, device=None, seed: int = 0):
+        if not tensors:
+            raise ValueError("TensorLoader needs at least one tensor")
+        n = len(tensors[0])
+        if any(len(t) != n for t in tensors):
+            raise ValueError(f"all tensors must have the same length; got {[len(t) for t in tensors]}")
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+        self.tensors = tuple(t.to(device) for t in tensors) if device is not None else tensors
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
+        self.seed, self.epoch = seed, 0
+        self.dataset_size = n
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.dataset_size // self.batch_size
+        return math.ceil(self.dataset_size / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Fix the permutation of the next iteration (as DistributedSampler.set_epoch does)."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        device = self.tensors[0].device
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.dataset_size, generator=g).to(device)
+        else:
+            order = None
+        self.epoch += 1
+        for b in range(len(self)):
+            sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
+            if order is None:
+                yield tuple(t[sl] for t in self.tensors)
+            else:
+                idx = order[sl]
+                yield tuple(t[idx] for t in self.tensors)
+
+
+def mnist_loaders(batch_size: int = 64, root=None, train_subset: int | None = None, device=None,
+                  seed: int = 0, test_batch_size: int = 1000) -> tuple[TensorLoader, TensorLoader]:
+    """Tensor-resident (train, test) loaders: the course's default way to feed MNIST."""
+    x, y = load_tensors("train", root, train_subset)
+    xt, yt = load_tensors("test", root)
+    train = TensorLoader(x, y, batch_size=batch_size, shuffle=True, device=device, seed=seed)
+    test = TensorLoader(xt, yt, batch_size=test_batch_size, shuffle=False, device=device)
+    return train, test
+
+
+# --- streaming from shards: data larger than memory -------------------------------------------
+
+def write_shards(images: torch.Tensor, labels: torch.Tensor, out_dir, shard_size: int = 1000) -> list[Path]:
+    """Split (uint8 images [N,...], labels [N]) into files of `shard_size` samples each.
+
+    Stored as uint8 (4x smaller than float32); normalised on the fly when read.
+    """
+    if not isinstance(shard_size, int) or shard_size <= 0:
+        raise ValueError(f"shard_size must be a positive int; got {shard_size!r}")
+    if len(images) != len(labels):
+        raise ValueError(f"images and labels differ in length: {len(images)} vs {len(labels)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, start in enumerate(range(0, len(images), shard_size)):
+        path = out / f"shard-{i:05d}.pt"
+        torch.save({"images": images[start:start + shard_size].clone(),
+                    "labels": labels[start:start + shard_size].clone()}, path)
+        paths.append(path)
+    return paths
+
+
+class ShardStream(IterableDataset):
+    """Stream (image, label) samples from shard files, never holding more than one shard.
+
+    Shards are dealt round-robin to the `world_size * num_workers` readers (this rank's
+    DataLoader workers included), so every sample is read exactly once per epoch with any
+    number of workers. With `shuffle`, shard order and the order inside each shard change with
+    `set_epoch` (call it each epoch, as with DistributedSampler).
+    """
+
+    def __init__(self, paths, shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1):
+        self.paths = [Path(p) for p in paths]
+        if not self.paths:
+            raise ValueError("ShardStream needs at least one shard path")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}); got {rank}")
+        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _my_shards(self) -> list[Path]:
+        info = get_worker_info()
+        workers, worker_id = (info.num_workers, info.id) if info else (1, 0)
+        reader, readers = self.rank * workers + worker_id, self.world_size * workers
+        order = list(range(len(self.paths)))
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(len(order), generator=g).tolist()
+        return [self.paths[i] for i in order[reader::readers]]
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch + 1)
+        for path in self._my_shards():
+            shard = torch.load(path, weights_only=True)
+            images, labels = normalize(shard["images"]), shard["labels"]
+            order = torch.randperm(len(labels), generator=g) if self.shuffle else range(len(labels))
+            for i in order:
+                yield images[i], labels[i]

@@ -1,0 +1,291 @@
+"""The one training loop of the course, and its command-line entry point.
+
+    python -m course_lib.train                                  # Net on MNIST, defaults below
+    python -m course_lib.train --model lenet300 --epochs 3 --json
+    python -m course_lib.train --checkpoint-dir runs/a --resume   # continue after a crash
+
+`fit` is used by every notebook and script; the CLI is a thin layer over it. The CLI reads
+RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun) and logs from rank 0 only; multi-process
+strategies build on that in the distributed lessons. With --json the last stdout line is a
+JSON object (test_accuracy, train_seconds, images_per_second, world_size, device, ...).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+@dataclass
+class History:
+    """What happened during `fit`: one entry per epoch, plus every step's training loss."""
+
+    train_loss: list = field(default_factory=list)      # mean over the epoch
+    val_loss: list = field(default_factory=list)
+    val_accuracy: list = field(default_factory=list)    # fraction in [0, 1]
+    images_per_second: list = field(default_factory=list)
+    epoch_seconds: list = field(default_factory=list)
+    step_loss: list = field(default_factory=list)
+
+    @property
+    def train_seconds(self) -> float:
+        return float(sum(self.epoch_seconds))
+
+    @property
+    def mean_images_per_second(self) -> float:
+        rates = self.images_per_second
+        return float(sum(rates) / len(rates)) if rates else 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_optimizer(name: str, params, lr: float, momentum: float = 0.9) -> torch.optim.Optimizer:
+    """"sgd" (with momentum), "adam" or "adamw"."""
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0; got {lr!r}")
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}; got {name!r}")
+
+
+def _to(batch, device):
+    # non_blocking only helps when the source is pinned; it is harmless otherwise.
+    return [t.to(device, non_blocking=True) for t in batch]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, device=None) -> tuple[float, float]:
+    """(mean cross-entropy loss, accuracy in [0, 1]) of `model` over `loader`."""
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total_loss, correct, seen = 0.0, 0, 0
+    for x, y in loader:
+        x, y = _to((x, y), device)
+        logits = model(x)
+        total_loss += F.cross_entropy(logits, y, reduction="sum").item()
+        correct += (logits.argmax(1) == y).sum().item()
+        seen += len(y)
+    model.train(was_training)
+    if seen == 0:
+        raise ValueError("evaluate got an empty loader")
+    return total_loss / seen, correct / seen
+
+
+def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, scheduler=None,
+                history: History | None = None, desc: str = "train", progress: bool = True) -> tuple[float, int]:
+    """One pass over `loader`; returns (mean loss, number of samples)."""
+    model.train()
+    total, seen = 0.0, 0
+    for x, y in tqdm(loader, desc=desc, leave=False, disable=not progress):
+        x, y = _to((x, y), device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        value = loss.item()
+        total += value * len(y)
+        seen += len(y)
+        if history is not None:
+            history.step_loss.append(value)
+    return total / max(seen, 1), seen
+
+
+def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, optimizer=None,
+        lr: float = 1e-3, device=None, loss_fn=F.cross_entropy, scheduler=None, progress: bool = True,
+        log=print, start_epoch: int = 0, on_epoch_end=None) -> History:
+    """Train `model` for `epochs` passes over `train_loader`; evaluate on `val_loader` each epoch.
+
+    optimizer defaults to Adam(lr). `scheduler` is stepped every batch. `on_epoch_end(epoch,
+    history)` runs after each epoch (checkpointing uses it). Returns a History; images/s counts
+    training only, not evaluation. `log=None` silences the per-epoch line (non-zero ranks).
+    """
+    if not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"epochs must be a non-negative int; got {epochs!r}")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    model.to(device)
+    optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
+    history = History()
+    for epoch in range(start_epoch, start_epoch + epochs):
+        if hasattr(train_loader, "set_epoch"):
+            train_loader.set_epoch(epoch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        loss, seen = train_epoch(model, train_loader, optimizer, device, loss_fn, scheduler, history,
+                                 desc=f"epoch {epoch + 1}", progress=progress)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - t0
+        history.train_loss.append(loss)
+        history.epoch_seconds.append(seconds)
+        history.images_per_second.append(seen / seconds)
+        line = f"epoch {epoch + 1}: train loss {loss:.4f}, {seen / seconds:,.0f} images/s"
+        if val_loader is not None:
+            vloss, vacc = evaluate(model, val_loader, device)
+            history.val_loss.append(vloss)
+            history.val_accuracy.append(vacc)
+            line += f", val loss {vloss:.4f}, val accuracy {100 * vacc:.2f}%"
+        if log is not None:
+            log(line)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, history)
+    return history
+
+
+def plot_history(history: History, ax=None, title: str | None = None):
+    """Step losses (faint), epoch losses and validation accuracy on twin axes; returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    steps = len(history.step_loss)
+    per_epoch = steps / max(len(history.train_loss), 1)
+    ax.plot(range(1, steps + 1), history.step_loss, alpha=0.3, label="step loss")
+    ends = [per_epoch * (i + 1) for i in range(len(history.train_loss))]
+    ax.plot(ends, history.train_loss, "o-", label="epoch train loss")
+    if history.val_loss:
+        ax.plot(ends, history.val_loss, "s--", label="val loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    ax.legend(loc="upper left")
+    if history.val_accuracy:
+        ax2 = ax.twinx()
+        ax2.plot(ends, [100 * a for a in history.val_accuracy], "g^-", label="val accuracy")
+        ax2.set_ylabel("val accuracy (%)", color="g")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+# --- command line ---------------------------------------------------------------------------
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a {kind.__name__}; got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0; got {text!r}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .env import DEVICE_CHOICES
+    from .models import MODELS
+
+    p = argparse.ArgumentParser(prog="python -m course_lib.train", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=sorted(MODELS), default="net")
+    p.add_argument("--epochs", type=_positive(int), default=15)
+    p.add_argument("--batch-size", type=_positive(int), default=64, help="per process")
+    p.add_argument("--lr", type=_positive(float), default=5e-3, help="peak learning rate (one-cycle schedule)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    p.add_argument("--device", default="auto", help=f"one of {DEVICE_CHOICES} or cuda:N")
+    p.add_argument("--data-dir", default=None, help="MNIST root (default: $COURSE_DATA_DIR, else data/)")
+    p.add_argument("--train-subset", type=_positive(int), default=None, help="use the first N training images")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-dir", default=None, help="write DIR/last.pt atomically after every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from DIR/last.pt if it exists")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Train as the CLI does and return the summary dict (tests call this in-process)."""
+    from .checkpoint import load_checkpoint, save_checkpoint
+    from .data import mnist_loaders
+    from .env import dist_info, get_device, seed_everything
+    from .models import build_model, count_parameters
+
+    info = dist_info()
+    if info.world_size > 1:
+        raise SystemExit(f"WORLD_SIZE={info.world_size}: multi-process training is not available in this "
+                         "version of course_lib.train yet; run it as a single process.")
+    if args.resume and not args.checkpoint_dir:
+        raise SystemExit("--resume needs --checkpoint-dir (where to look for last.pt)")
+    if args.seed < 0:
+        raise SystemExit(f"--seed must be >= 0; got {args.seed}")
+    log = print if info.is_main else None
+    device = get_device(args.device)
+    seed_everything(args.seed, info.rank)
+    train_loader, test_loader = mnist_loaders(args.batch_size, args.data_dir, args.train_subset, device, args.seed)
+    model = build_model(args.model).to(device)
+    optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, epochs=args.epochs,
+                                                    steps_per_epoch=len(train_loader))
+    start = 0
+    ckpt_path = Path(args.checkpoint_dir) / "last.pt" if args.checkpoint_dir else None
+    if args.resume and ckpt_path.is_file():
+        state = load_checkpoint(ckpt_path, map_location=device)
+        if state["model_name"] != args.model:
+            raise SystemExit(f"{ckpt_path} holds a {state['model_name']!r} model, not --model {args.model!r}")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        start = state["epoch"] + 1
+        if log:
+            log(f"resumed from {ckpt_path} after epoch {start}")
+
+    def checkpoint(epoch, _history):
+        if ckpt_path is not None and info.is_main:
+            save_checkpoint(ckpt_path, {"model_name": args.model, "epoch": epoch, "model": model.state_dict(),
+                                        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                        "rng": torch.get_rng_state()})
+
+    if log:
+        log(f"training {args.model} ({count_parameters(model):,} parameters) on {device}, "
+            f"{train_loader.dataset_size:,} training images, epochs {start + 1}..{args.epochs}")
+    history = fit(model, train_loader, test_loader, epochs=max(args.epochs - start, 0), optimizer=optimizer,
+                  device=device, scheduler=scheduler, progress=not args.no_progress, log=log,
+                  start_epoch=start, on_epoch_end=checkpoint)
+    test_loss, test_acc = evaluate(model, test_loader, device)
+    return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
+            "world_size": info.world_size, "epochs": args.epochs, "epochs_run": len(history.train_loss),
+            "batch_size": args.batch_size, "lr": args.lr, "optimizer": args.optimizer, "seed": args.seed,
+            "train_samples": train_loader.dataset_size, "test_samples": test_loader.dataset_size,
+            "test_loss": round(test_loss, 6), "test_accuracy": round(test_acc, 6),
+            "train_seconds": round(history.train_seconds, 3),
+            "images_per_second": round(history.mean_images_per_second, 1)}
+
+
+def main(argv=None) -> int:
+    from .data import MNISTNotFoundError
+    from .env import DeviceUnavailableError
+
+    args = build_parser().parse_args(argv)
+    try:
+        summary = run(args)
+    except (MNISTNotFoundError, DeviceUnavailableError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"test accuracy {100 * summary['test_accuracy']:.2f}% on {summary['test_samples']:,} images after "
+          f"{summary['train_seconds']:.1f} s of training ({summary['images_per_second']:,.0f} images/s)")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
