@@ -1,0 +1,86 @@
+"""exercises/ is generated from solutions/, leaks nothing, and every check fails on the stubs."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from course_lib import exercises
+from nbtools import ROOT, is_grade_cell
+
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+def test_exercises_are_in_sync_with_solutions():
+    problems = exercises.sync(check=True)
+    assert not problems, f"run `python -m course_lib.exercises`: {problems}"
+
+
+def test_exercises_contain_no_solutions_or_hidden_tests():
+    for path in (ROOT / "exercises").glob("*.ipynb"):
+        text = path.read_text()
+        for marker in exercises.LEAK_MARKERS:
+            assert marker not in text, f"{path.name} leaks {marker!r}"
+
+
+def test_check_mode_detects_an_edit_and_a_stale_file(tmp_path):
+    src, dst = tmp_path / "solutions", tmp_path / "exercises"
+    shutil.copytree(ROOT / "solutions", src)
+    assert exercises.sync(src, dst, check=True)  # nothing generated yet
+    assert exercises.sync(src, dst) and not exercises.sync(src, dst, check=True)
+    first = sorted(dst.glob("*.ipynb"))[0]
+    first.write_text(first.read_text().replace("NotImplementedError", "pass  # edited by hand"))
+    (dst / "orphan.ipynb").write_text("{}")
+    problems = exercises.sync(src, dst, check=True)
+    assert any("out of date" in p for p in problems) and any("orphan" in p for p in problems)
+    exercises.sync(src, dst)
+    assert not exercises.sync(src, dst, check=True) and not (dst / "orphan.ipynb").exists()
+
+
+def test_cli_check_exit_status(tmp_path, monkeypatch):
+    assert exercises.main(["--check"]) == 0
+    monkeypatch.setattr(exercises, "TARGET_DIR", tmp_path)  # an empty exercises/ folder
+    assert exercises.main(["--check"]) == 1
+    assert not list(tmp_path.iterdir()), "--check must not write"
+
+
+def test_a_marker_outside_a_solution_cell_is_refused():
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    nb.cells.append(nbformat.v4.new_code_cell("x = 1\n### BEGIN SOLUTION\ny = 2\n### END SOLUTION"))
+    with pytest.raises(Exception):
+        exercises.student_version(nb)
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_solution_notebook_structure(path):
+    nb = nbformat.read(str(path), as_version=4)
+    meta = [c.metadata.get("nbgrader", {}) for c in nb.cells]
+    graded = [m for m in meta if m.get("grade")]
+    solutions = [m for m in meta if m.get("solution")]
+    assert len(graded) >= 2 and len(solutions) >= 2, f"{path.name}: needs at least two exercises"
+    assert all(m.get("points", 0) > 0 and m.get("locked") for m in graded), "test cells need points and a lock"
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            assert "### BEGIN SOLUTION" in cell.source, f"{path.name}: solution cell without markers"
+
+
+def test_grade_ids_are_unique_across_the_course():
+    ids = [c.metadata["nbgrader"]["grade_id"] for p in SOLUTIONS
+           for c in nbformat.read(str(p), as_version=4).cells if "nbgrader" in c.metadata]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_every_check_fails_on_the_untouched_exercise(path, tmp_path):
+    """Run the generated student notebook as a student would before writing anything."""
+    nb = nbformat.read(str(ROOT / "exercises" / path.name), as_version=4)
+    NotebookClient(nb, timeout=300, allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    for cell in nb.cells:
+        if is_grade_cell(cell):
+            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            assert errors, (f"{path.name}: check {cell.metadata['nbgrader']['grade_id']} passed on the "
+                            f"untouched stub:\n{json.dumps(cell.get('outputs', []))[:500]}")

@@ -1,0 +1,161 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import needs_mnist
+from course_lib import train
+from course_lib.checkpoint import load_checkpoint
+from course_lib.data import TensorLoader
+from course_lib.env import seed_everything
+from course_lib.train import History, evaluate, fit, make_optimizer
+
+
+def blobs(n=512, seed=0):
+    """Ten well-separated Gaussian blobs in 28x28 'images': learnable in a few steps."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 10, (n,), generator=g)
+    centers = torch.randn(10, 1, 28, 28, generator=g)
+    return centers[y] + 0.3 * torch.randn(n, 1, 28, 28, generator=g), y
+
+
+def tiny_model():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 10))
+
+
+def run_fit(seed=0, epochs=3):
+    seed_everything(seed)
+    x, y = blobs()
+    model = tiny_model()
+    hist = fit(model, TensorLoader(x, y, batch_size=32, seed=seed), TensorLoader(x, y, batch_size=128, shuffle=False),
+               epochs=epochs, lr=1e-2, progress=False, log=None)
+    return model, hist
+
+
+def test_fit_learns_and_records_history():
+    model, hist = run_fit()
+    assert len(hist.train_loss) == len(hist.val_accuracy) == len(hist.epoch_seconds) == 3
+    assert len(hist.step_loss) == 3 * 16
+    assert hist.train_loss[-1] < hist.train_loss[0]
+    assert hist.val_accuracy[-1] > 0.9
+    assert hist.mean_images_per_second > 0 and hist.train_seconds > 0
+    assert set(hist.as_dict()) >= {"train_loss", "val_accuracy", "step_loss"}
+
+
+def test_fit_is_deterministic_when_seeded():
+    m1, h1 = run_fit(seed=1)
+    m2, h2 = run_fit(seed=1)
+    _, h3 = run_fit(seed=2)
+    assert h1.step_loss == h2.step_loss
+    assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
+    assert h1.step_loss != h3.step_loss
+
+
+def test_evaluate_counts_correct_predictions():
+    class Fixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dummy = nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return nn.functional.one_hot(x.flatten(1)[:, 0].long(), 10).float()
+
+    x = torch.tensor([0, 1, 2, 3]).float().view(4, 1, 1, 1)
+    y = torch.tensor([0, 1, 9, 3])
+    loss, acc = evaluate(Fixed(), TensorLoader(x, y, batch_size=3, shuffle=False))
+    assert acc == 0.75 and loss > 0
+
+
+def test_bad_arguments_are_refused_by_name():
+    with pytest.raises(ValueError, match="epochs"):
+        fit(tiny_model(), [], epochs=-1)
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        make_optimizer("rmsprop", tiny_model().parameters(), 0.1)
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        make_optimizer("sgd", tiny_model().parameters(), 0.0)
+    with pytest.raises(ValueError, match="empty loader"):
+        evaluate(tiny_model(), [])
+
+
+def test_plot_history_draws_losses_and_accuracy():
+    import matplotlib
+    matplotlib.use("Agg")
+    _, hist = run_fit(epochs=2)
+    ax = train.plot_history(hist, title="t")
+    assert len(ax.lines) == 3 and ax.get_title() == "t"
+
+
+def cli(*args, env_extra=None, timeout=300):
+    env = {**os.environ, "TQDM_DISABLE": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "course_lib.train", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--epochs", "-1"], "--epochs: must be > 0"),
+    (["--epochs", "two"], "--epochs: must be a int"),
+    (["--model", "resnet"], "--model: invalid choice"),
+    (["--batch-size", "0"], "--batch-size: must be > 0"),
+    (["--optimizer", "lion"], "--optimizer: invalid choice"),
+])
+def test_cli_refuses_bad_arguments_by_name(args, message):
+    result = cli(*args)
+    assert result.returncode == 2 and message in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cli_cuda_without_gpu_is_a_clear_error():
+    result = cli("--device", "cuda", "--epochs", "1")
+    assert result.returncode == 2 and "no CUDA GPU" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_offline_without_data_says_where_to_put_it(tmp_path):
+    result = cli("--epochs", "1", env_extra={"COURSE_DATA_DIR": str(tmp_path), "COURSE_DOWNLOAD": "0"}, timeout=60)
+    assert result.returncode == 2
+    assert "COURSE_DATA_DIR" in result.stderr and "MNIST/raw" in result.stderr and "Traceback" not in result.stderr
+
+
+@needs_mnist
+def test_cli_json_summary():
+    result = cli("--epochs", "1", "--train-subset", "512", "--json", "--no-progress", "--model", "lenet300")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"test_accuracy", "train_seconds", "images_per_second", "world_size", "device"} <= set(summary)
+    assert summary["world_size"] == 1 and summary["device"] == "cpu" and summary["train_samples"] == 512
+    assert 0.5 < summary["test_accuracy"] <= 1.0 and summary["test_samples"] == 10_000
+
+
+@needs_mnist
+def test_resume_after_a_crash_ends_with_the_same_weights(tmp_path, monkeypatch):
+    common = ["--epochs", "3", "--train-subset", "256", "--batch-size", "32", "--no-progress", "--model", "net"]
+    whole = train.run(train.build_parser().parse_args(common + ["--checkpoint-dir", str(tmp_path / "a")]))
+
+    import course_lib.checkpoint as ckpt  # run() imports save_checkpoint from here at call time
+
+    saves = {"n": 0}
+    original = ckpt.save_checkpoint
+
+    def crash_after_first_epoch(path, state):
+        original(path, state)
+        saves["n"] += 1
+        if saves["n"] == 1:
+            raise KeyboardInterrupt("worker killed")
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", crash_after_first_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(train.build_parser().parse_args(common + ["--checkpoint-dir", str(tmp_path / "b")]))
+    assert load_checkpoint(tmp_path / "b" / "last.pt")["epoch"] == 0
+    resumed = train.run(train.build_parser().parse_args(common + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"]))
+    assert resumed["epochs_run"] == 2
+    a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" / "last.pt")
+    for key in a["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-5, atol=1e-6)
+    assert resumed["test_accuracy"] == pytest.approx(whole["test_accuracy"], abs=1e-3)
+
+
+def test_history_defaults_are_empty():
+    assert History().mean_images_per_second == 0.0 and History().train_seconds == 0.0
