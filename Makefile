@@ -1,0 +1,40 @@
+# Scaling Deep Learning: the two quick-start commands.
+#   make lab            set up .venv and open the course in JupyterLab (make lab HEADLESS=1: no browser)
+#   make test           set up .venv and run every test: unit tests, notebooks and solutions under nbval
+# Other targets: make setup | exercises | doctor | bench NAME=cpu-mnist | clean
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup lab test exercises doctor bench clean
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -r requirements.txt
+	$(BIN)/python -m pip install --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/python -m course_lib doctor || true
+	$(BIN)/jupyter lab --notebook-dir=. $(if $(HEADLESS),--no-browser,) notebooks/00_start_here.ipynb
+
+# Quick mode (COURSE_QUICK=1) runs the same code with fewer epochs and samples.
+test: $(STAMP)
+	COURSE_QUICK=1 TQDM_DISABLE=1 $(BIN)/python -m pytest --nbval-lax --nbval-current-env \
+		--nbval-cell-timeout=600 -p no:cacheprovider -ra tests notebooks solutions
+
+exercises: $(STAMP)
+	$(BIN)/python -m course_lib.exercises
+
+doctor: $(STAMP)
+	$(BIN)/python -m course_lib doctor
+
+bench: $(STAMP)
+	$(BIN)/python -m course_lib.bench $(or $(NAME),cpu-mnist)
+
+clean:
+	rm -rf $(VENV) .pytest_cache
