@@ -1,15 +1,31 @@
-"""`python -m course_lib doctor`: is this machine ready for the course?"""
+"""`python -m course_lib doctor`: is this machine ready for the course?
+`python -m course_lib download`: fetch MNIST into $COURSE_DATA_DIR (or data/) for offline use.
+"""
 import argparse
 import sys
 
 from .env import doctor
 
 
+def download() -> int:
+    from .data import MNISTNotFoundError, data_root, find_mnist, mnist_dataset
+
+    try:
+        for split in ("train", "test"):
+            mnist_dataset(split)
+    except MNISTNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"MNIST is ready: {find_mnist().summary} (root {data_root()})")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib")
-    parser.add_argument("command", choices=["doctor"], help="doctor: report the environment and what is missing")
-    parser.parse_args(argv)
-    return doctor()
+    parser.add_argument("command", choices=["doctor", "download"],
+                        help="doctor: report the environment and what is missing; download: fetch MNIST")
+    args = parser.parse_args(argv)
+    return doctor() if args.command == "doctor" else download()
 
 
 if __name__ == "__main__":

@@ -111,8 +111,9 @@ def _download(root: Path, missing) -> None:
         root.mkdir(parents=True, exist_ok=True)
         datasets.MNIST(str(root), train=True, download=True)
     except Exception as exc:  # urllib, DNS and torchvision errors all mean the same thing here
+        reason = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", ")")]
         raise MNISTNotFoundError(
-            missing_message(root, missing) + f"\n  (download failed: {type(exc).__name__}: {exc})"
+            missing_message(root, missing) + f"\n  (download failed: {reason[-1] if reason else type(exc).__name__})"
         ) from None
     finally:
         socket.setdefaulttimeout(old)
