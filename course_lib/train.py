@@ -124,8 +124,10 @@ def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, opt
     optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
     history = History()
     for epoch in range(start_epoch, start_epoch + epochs):
-        if hasattr(train_loader, "set_epoch"):
-            train_loader.set_epoch(epoch)
+        # Reshuffle per epoch wherever the order lives: our loaders, a DistributedSampler, a ShardStream.
+        for obj in (train_loader, getattr(train_loader, "sampler", None), getattr(train_loader, "dataset", None)):
+            if hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
