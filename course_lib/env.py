@@ -25,10 +25,12 @@ class DeviceUnavailableError(RuntimeError):
 def get_device(name: str = "auto") -> torch.device:
     """Return the torch.device to use.
 
-    name: "auto" (CUDA, then Apple MPS, then CPU), "cpu", "cuda", "cuda:N" or "mps".
+    name: "auto" (CUDA, then Apple MPS, then CPU), "cpu", "cuda", "cuda:N", "mps", or a torch.device.
     Asking for a device this machine lacks is an error rather than a silent CPU fallback, so
     a timing never claims to be a GPU figure when it is not.
     """
+    if isinstance(name, torch.device):
+        name = str(name)
     if not isinstance(name, str):
         raise TypeError(f"device must be a string, one of {DEVICE_CHOICES} or 'cuda:N'; got {name!r}")
     kind, _, index = name.partition(":")
@@ -65,9 +67,9 @@ def seed_everything(seed: int, rank: int = 0) -> int:
     Ranks get different seeds so their dropout masks and augmentations differ, while a run is
     still reproducible from one number. Data order is seeded separately by the loaders.
     """
-    if not isinstance(seed, int) or seed < 0:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int; got {seed!r}")
-    if not isinstance(rank, int) or rank < 0:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be a non-negative int; got {rank!r}")
     value = seed + rank
     random.seed(value)
@@ -113,7 +115,11 @@ def dist_info() -> DistInfo:
         except ValueError:
             raise ValueError(f"environment variable {var} must be an integer; got {raw!r}") from None
 
-    return DistInfo(read("RANK", 0), read("WORLD_SIZE", 1), read("LOCAL_RANK", 0))
+    info = DistInfo(read("RANK", 0), read("WORLD_SIZE", 1), read("LOCAL_RANK", 0))
+    if info.world_size < 1 or not 0 <= info.rank < info.world_size or info.local_rank < 0:
+        raise ValueError(f"inconsistent launch environment: RANK={info.rank}, WORLD_SIZE={info.world_size}, "
+                         f"LOCAL_RANK={info.local_rank} (need 0 <= RANK < WORLD_SIZE, LOCAL_RANK >= 0)")
+    return info
 
 
 def bf16_supported(device: torch.device | str = "cpu") -> bool:

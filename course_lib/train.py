@@ -92,7 +92,8 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
     """One pass over `loader`; returns (mean loss, number of samples)."""
     model.train()
     total, seen = 0.0, 0
-    for x, y in tqdm(loader, desc=desc, leave=False, disable=not progress):
+    # Pass `disable` only to switch the bar off: an explicit value would override TQDM_DISABLE.
+    for x, y in tqdm(loader, desc=desc, leave=False, **({} if progress else {"disable": True})):
         x, y = _to((x, y), device)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)

@@ -1,0 +1,85 @@
+"""Checks for the exercises of lecture 02 (hardware and numbers).
+
+References are PyTorch's own: torch.fake_quantize_per_tensor_affine (the quantize ->
+dequantize round trip that quantization-aware training uses; torch.quantize_per_tensor is
+deprecated) and torch.finfo.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import expect, expect_close, passed
+
+
+def _reference_int8(x: torch.Tensor, scale: float, zero_point: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes, dequantized values) as PyTorch computes them."""
+    fake = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, -128, 127)
+    codes = torch.round(fake / scale).to(torch.int64) + zero_point
+    return codes.to(torch.int8), fake
+
+
+def _codes(quantize_int8, x, scale, zero_point, case: str) -> torch.Tensor:
+    q = quantize_int8(x, scale, zero_point)
+    expect(isinstance(q, torch.Tensor), f"{case}: quantize_int8 must return a tensor; got {type(q).__name__}")
+    expect(q.shape == x.shape, f"{case}: expected shape {tuple(x.shape)}, got {tuple(q.shape)}")
+    expect(q.dtype == torch.int8, f"{case}: expected dtype torch.int8, got {q.dtype}. Convert at the end with .to(torch.int8).")
+    return q
+
+
+def check_quantize_int8(quantize_int8, dequantize_int8) -> None:
+    """quantize_int8(x, scale, zero_point) -> int8 codes; dequantize_int8(q, scale, zero_point) -> float32."""
+    gen = torch.Generator().manual_seed(2)
+    cases = [
+        ("values in range, zero_point=0", torch.randn(200, generator=gen) * 1.5, 0.05, 0,
+         "q = round(x / scale) + zero_point; round to the NEAREST integer (torch.round), not towards zero "
+         "(int() / .to(torch.int8) truncate 1.6 to 1)."),
+        ("zero_point=-20", torch.randn(200, generator=gen) * 1.5, 0.05, -20,
+         "the zero point is ADDED after rounding: q = round(x / scale) + zero_point, so x = 0 maps to "
+         "q = zero_point."),
+        ("values beyond the int8 range", torch.tensor([10.0, -10.0, 100.0, -7.0, 6.4, 6.3]), 0.05, 3,
+         "codes must saturate at -128 and 127: clamp BEFORE converting to int8 (converting 200 to int8 "
+         "wraps around to -56)."),
+        ("exact ties (x / scale = k + 0.5)", torch.tensor([0.25, 0.75, 1.25, -0.25, -0.75, 2.25]), 0.5, 0,
+         "ties round to the EVEN integer (torch.round does this; floor(v + 0.5) and Python's int(v + 0.5) "
+         "do not): 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -0.5 -> 0."),
+    ]
+    for case, x, scale, zp, hint in cases:
+        q = _codes(quantize_int8, x, scale, zp, case)
+        ref_q, ref_x = _reference_int8(x, scale, zp)
+        if not torch.equal(q, ref_q):
+            i = int((q != ref_q).nonzero()[0])
+            raise AssertionError(f"quantize_int8, {case} (scale={scale}, zero_point={zp}): x={x[i].item():.4g} "
+                                 f"should give {ref_q[i].item()}, got {q[i].item()}. Hint: {hint}")
+        back = dequantize_int8(ref_q, scale, zp)
+        expect(isinstance(back, torch.Tensor) and back.is_floating_point(),
+               f"dequantize_int8, {case}: must return a float tensor; got {getattr(back, 'dtype', type(back))}. "
+               "Convert q to float BEFORE subtracting the zero point (int8 arithmetic overflows).")
+        expect_close(back, ref_x, f"dequantize_int8, {case} (scale={scale}, zero_point={zp})", atol=1e-6,
+                     hint="x = (q - zero_point) * scale: SUBTRACT the zero point (the inverse of quantize), "
+                          "then multiply by the scale.")
+    passed("quantize_int8 / dequantize_int8")
+
+
+FINFO_CASES = (("FP32", 8, 23, torch.float32), ("FP16", 5, 10, torch.float16), ("BF16", 8, 7, torch.bfloat16))
+
+
+def check_float_limits(float_limits) -> None:
+    """float_limits(exponent_bits, mantissa_bits) -> (eps, max_value, smallest_normal) of an IEEE-style format."""
+    for name, e_bits, m_bits, dtype in FINFO_CASES:
+        result = float_limits(e_bits, m_bits)
+        expect(isinstance(result, tuple) and len(result) == 3,
+               f"float_limits({e_bits}, {m_bits}) must return a tuple (eps, max_value, smallest_normal); got {result!r}")
+        eps, max_value, smallest_normal = (float(v) for v in result)
+        fi = torch.finfo(dtype)
+        expect(eps == fi.eps, f"{name} ({e_bits} exponent, {m_bits} mantissa bits): eps should be {fi.eps}, got {eps}. "
+                              "Hint: eps is the gap between 1.0 and the next number, one unit in the LAST of the "
+                              "m stored mantissa bits: 2**-m (the leading 1 is implicit, not stored).")
+        expect(smallest_normal == fi.smallest_normal,
+               f"{name}: smallest normal should be {fi.smallest_normal}, got {smallest_normal}. Hint: the bias is "
+               "2**(e-1) - 1 and exponent code 0 is reserved for zero/subnormals, so the smallest normal is "
+               "2**(1 - bias).")
+        expect(max_value == fi.max,
+               f"{name}: max should be {fi.max}, got {max_value}. Hint: the all-ones exponent code is reserved for "
+               "inf/NaN, so the largest exponent is (2**e - 2) - bias, and the largest mantissa 1.11...1 is "
+               "2 - 2**-m (check the bias is 2**(e-1) - 1).")
+    passed("float_limits")

@@ -1,0 +1,80 @@
+"""The lecture-02 checks pass the reference solutions and fail stubs and plausible wrong answers."""
+import math
+
+import pytest
+import torch
+
+from course_lib.checks.nb02 import check_float_limits, check_quantize_int8
+from nbtools import ROOT, notebook_namespace
+
+NS = notebook_namespace(ROOT / "solutions" / "02_hardware_and_numbers_exercises.ipynb")
+
+
+def stub(*args):
+    raise NotImplementedError()
+
+
+def test_reference_solutions_pass():
+    check_quantize_int8(NS["quantize_int8"], NS["dequantize_int8"])
+    check_float_limits(NS["float_limits"])
+
+
+def test_stubs_fail():
+    with pytest.raises(NotImplementedError):
+        check_quantize_int8(stub, stub)
+    with pytest.raises(NotImplementedError):
+        check_quantize_int8(NS["quantize_int8"], stub)
+    with pytest.raises(NotImplementedError):
+        check_float_limits(stub)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda x, s, z: (torch.trunc(x / s) + z).clamp(-128, 127).to(torch.int8), "NEAREST"),     # truncation
+    (lambda x, s, z: (torch.round(x / s) + z).to(torch.int8), "saturate"),                      # no clamping
+    (lambda x, s, z: (torch.round(x / s) - z).clamp(-128, 127).to(torch.int8), "ADDED"),        # zero point sign
+    (lambda x, s, z: torch.floor(x / s + 0.5 + z).clamp(-128, 127).to(torch.int8), "EVEN"),    # ties up
+    (lambda x, s, z: (torch.round(x / s) + z).clamp(-128, 127), "torch.int8"),                  # float codes
+])
+def test_quantize_wrong_answers(wrong, hint):
+    with pytest.raises(AssertionError, match=hint):
+        check_quantize_int8(wrong, NS["dequantize_int8"])
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda q, s, z: (q.float() + z) * s, "SUBTRACT"),            # wrong sign of the zero point
+    (lambda q, s, z: q.float() * s, "SUBTRACT"),                  # zero point forgotten
+    (lambda q, s, z: (q - z) * s, "dequantize_int8, values beyond"),  # int8 arithmetic wraps around
+    (lambda q, s, z: (q - z).to(torch.int16), "float tensor"),        # returns integers
+])
+def test_dequantize_wrong_answers(wrong, hint):
+    with pytest.raises(AssertionError, match=hint):
+        check_quantize_int8(NS["quantize_int8"], wrong)
+
+
+def _limits(bias_fn, eps_fn, top_code_fn, fraction_fn):
+    def float_limits(e, m):
+        bias, eps = bias_fn(e), eps_fn(m)
+        return eps, fraction_fn(eps) * 2.0 ** (top_code_fn(e) - bias), 2.0 ** (1 - bias)
+    return float_limits
+
+
+RIGHT = dict(bias_fn=lambda e: 2 ** (e - 1) - 1, eps_fn=lambda m: 2.0**-m, top_code_fn=lambda e: 2**e - 2,
+             fraction_fn=lambda eps: 2 - eps)
+
+
+@pytest.mark.parametrize("change, hint", [
+    (dict(bias_fn=lambda e: 2 ** (e - 1)), "smallest normal"),          # bias off by one
+    (dict(eps_fn=lambda m: 2.0 ** -(m + 1)), "eps"),                    # counts the implicit bit
+    (dict(eps_fn=lambda m: 2.0 ** -(m - 1)), "eps"),
+    (dict(top_code_fn=lambda e: 2**e - 1), "reserved for inf"),         # uses the inf/NaN exponent
+    (dict(fraction_fn=lambda eps: 1.0), "max"),                         # forgets the mantissa
+])
+def test_float_limits_wrong_answers(change, hint):
+    with pytest.raises(AssertionError, match=hint):
+        check_float_limits(_limits(**{**RIGHT, **change}))
+
+
+def test_float_limits_right_formula_helper_passes():
+    check_float_limits(_limits(**RIGHT))
+    with pytest.raises(AssertionError, match="tuple"):
+        check_float_limits(lambda e, m: [2.0**-m, math.inf, 0.0])

@@ -1,0 +1,98 @@
+import pytest
+import torch
+
+from course_lib import hardware
+from course_lib.env import DeviceUnavailableError
+from course_lib.hardware import (PeakEstimate, estimate_peak_gflops, flops_per_cycle, gpu_peak_from_name,
+                                 loop_vs_vectorised, measure_matmul_gflops)
+
+
+def test_measure_matmul_gflops_counts_2n3_flops(monkeypatch):
+    monkeypatch.setattr(hardware, "time_fn", lambda fn, device, repeats, warmup: 0.5)
+    assert measure_matmul_gflops(n=100, repeats=1) == pytest.approx(2 * 100**3 / 0.5 / 1e9)
+
+
+def test_measure_matmul_gflops_runs_small():
+    assert measure_matmul_gflops(n=64, repeats=2) > 0
+    assert measure_matmul_gflops(n=32, dtype=torch.float64, repeats=1) > 0
+
+
+@pytest.mark.parametrize("kwargs, name", [({"n": 0}, "n"), ({"repeats": 0}, "repeats"),
+                                          ({"dtype": torch.int32}, "dtype"), ({"device": "tpu"}, "device")])
+def test_measure_matmul_gflops_bad_input(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        measure_matmul_gflops(**{"n": 8, **kwargs})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_measure_matmul_gflops_missing_cuda_is_an_error():
+    with pytest.raises(DeviceUnavailableError):
+        measure_matmul_gflops(n=8, device="cuda")
+
+
+def test_flops_per_cycle_from_isa_flags():
+    assert flops_per_cycle({"avx512f", "avx2", "fma"})[0] == 64
+    assert flops_per_cycle({"avx2", "fma"})[0] == 32
+    assert flops_per_cycle({"avx2"})[0] == 8  # AVX2 without FMA: SSE rule
+    assert flops_per_cycle(set())[0] == 8
+    assert flops_per_cycle({"avx2", "fma"}, torch.float64)[0] == 16
+    value, reason = flops_per_cycle({"avx512f"}, torch.bfloat16)
+    assert value is None and "bfloat16" in reason
+    with pytest.raises(ValueError, match="dtype"):
+        flops_per_cycle(set(), torch.int8)
+
+
+def test_estimate_peak_cpu_is_value_and_explanation():
+    est = estimate_peak_gflops("cpu")
+    assert isinstance(est, PeakEstimate) and est.explanation
+    if est.gflops is not None:  # x86 Linux: the explanation shows every factor
+        assert est.gflops > 0 and "GHz" in est.explanation and "FLOPs/cycle" in est.explanation
+
+
+def test_estimate_peak_cpu_formula(monkeypatch):
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(hardware, "_cpu_clock_and_flags", lambda: (2000.0, "test", {"avx2", "fma"}))
+    monkeypatch.setattr(hardware.torch, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(hardware.os, "cpu_count", lambda: 8)
+    assert estimate_peak_gflops("cpu").gflops == pytest.approx(4 * 2.0 * 32)
+
+
+def test_estimate_peak_cpu_honest_when_unknown(monkeypatch):
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "arm64")
+    est = estimate_peak_gflops("cpu")
+    assert est.gflops is None and "arm64" in est.explanation
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(hardware, "_cpu_clock_and_flags", lambda: (None, "", set()))
+    est = estimate_peak_gflops("cpu")
+    assert est.gflops is None and "clock" in est.explanation
+
+
+def test_estimate_peak_bad_input():
+    with pytest.raises(ValueError, match="dtype"):
+        estimate_peak_gflops("cpu", dtype="fp32")
+    with pytest.raises(ValueError, match="device"):
+        estimate_peak_gflops("gpu")
+
+
+def test_gpu_peak_table():
+    assert gpu_peak_from_name("NVIDIA H100 80GB HBM3").gflops == pytest.approx(66_900)
+    assert gpu_peak_from_name("NVIDIA H100 PCIe", torch.bfloat16).gflops == pytest.approx(756_000)
+    assert gpu_peak_from_name("NVIDIA A100-SXM4-80GB", torch.float16).gflops == pytest.approx(312_000)
+    assert gpu_peak_from_name("Tesla T4", torch.bfloat16).gflops is None
+    unknown = gpu_peak_from_name("Imaginary GPU 9000")
+    assert unknown.gflops is None and "not in" in unknown.explanation
+
+
+def test_loop_vs_vectorised():
+    result = loop_vs_vectorised(n=2000, repeats=1)
+    assert result.loop_s > 0 and result.vector_s > 0 and result.speedup == result.loop_s / result.vector_s
+    with pytest.raises(ValueError, match="n"):
+        loop_vs_vectorised(n=0)
+
+
+def test_loop_vs_vectorised_restores_threads():
+    before = torch.get_num_threads()
+    loop_vs_vectorised(n=100, repeats=1)
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="repeats"):
+        loop_vs_vectorised(n=10, repeats=0)

@@ -1,0 +1,162 @@
+import math
+
+import pytest
+import torch
+
+from course_lib.numerics import (FORMATS, FloatFormat, choose_qparams, compose, decompose, dequantize, fixed_range,
+                                 float_format, from_fixed, kahan_sum, quantize, sequential_sum, spacing, to_fixed)
+
+
+@pytest.mark.parametrize("dtype", list(FORMATS))
+def test_formats_from_bit_layout_match_finfo(dtype):
+    fmt, fi = float_format(dtype), torch.finfo(dtype)
+    assert fmt.bits == fi.bits
+    assert fmt.eps == fi.eps
+    assert fmt.max == fi.max
+    assert fmt.smallest_normal == fi.smallest_normal
+    # the smallest subnormal is the first number above zero
+    tiny = torch.tensor(fmt.smallest_subnormal, dtype=torch.float64)
+    assert tiny.to(dtype).double().item() == fmt.smallest_subnormal
+    assert (tiny / 2).to(dtype).item() == 0.0  # half of it (a tie) rounds to even: zero
+
+
+def test_known_layouts():
+    assert (float_format(torch.float16).exponent_bits, float_format(torch.float16).mantissa_bits) == (5, 10)
+    assert (float_format(torch.bfloat16).exponent_bits, float_format(torch.bfloat16).mantissa_bits) == (8, 7)
+    assert float_format(torch.float16).max == 65504.0
+    assert float_format(torch.float32).bias == 127
+
+
+def test_bad_formats():
+    with pytest.raises(ValueError, match="exponent_bits"):
+        FloatFormat("x", 1, 3)
+    with pytest.raises(ValueError, match="mantissa_bits"):
+        FloatFormat("x", 5, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        float_format(torch.int8)
+
+
+@pytest.mark.parametrize("dtype", list(FORMATS))
+def test_decompose_compose_round_trip(dtype):
+    torch.manual_seed(0)
+    fmt = float_format(dtype)
+    values = torch.cat([torch.randn(50) * 10, torch.tensor([0.0, 1.0, -2.5, fmt.smallest_subnormal * 3])])
+    for x in values.tolist():
+        f = decompose(x, dtype)
+        assert f.value == torch.tensor(x).to(dtype).double().item()
+        assert compose(f.sign, f.exponent, f.mantissa, dtype) == f.value
+        assert len(f.bits.replace(" ", "")) == fmt.bits
+
+
+def test_decompose_known_values():
+    one = decompose(1.0, torch.float32)
+    assert (one.sign, one.exponent, one.mantissa) == (0, 127, 0)
+    assert one.bits == "0 01111111 " + "0" * 23
+    minus = decompose(-1.5, torch.float16)
+    assert (minus.sign, minus.exponent, minus.mantissa) == (1, 15, 512)
+    with pytest.raises(ValueError, match="dtype"):
+        decompose(1.0, torch.int32)
+    with pytest.raises(ValueError, match="mantissa"):
+        compose(0, 1, 2**10, torch.float16)
+
+
+def test_spacing_matches_nextafter_and_eps():
+    x = torch.tensor([1.0, 1.5, 3.0, 1000.0, 1e-3, 1e-40], dtype=torch.float32)
+    expected = (torch.nextafter(x, torch.tensor(float("inf"))) - x).double()
+    assert torch.equal(spacing(x, torch.float32), expected)
+    for dtype, fmt in FORMATS.items():
+        assert spacing(torch.tensor(1.0), dtype).item() == fmt.eps
+
+
+def test_round_to_nearest_even():
+    assert torch.tensor(1 + torch.finfo(torch.float32).eps / 2).float().item() == 1.0
+    # above 2048 fp16 numbers are 2 apart: ties go to the even mantissa
+    assert torch.tensor([2049.0, 2051.0]).half().tolist() == [2048.0, 2052.0]
+
+
+def test_low_precision_summation_stalls_kahan_fixes_it():
+    values = torch.full((10_000,), 1e-4)
+    exact = 1.0
+    assert abs(sequential_sum(values, torch.float32) - exact) < 1e-3
+    # the total stops growing once half its spacing exceeds 1e-4: at 0.25 in fp16, far earlier in bf16
+    assert sequential_sum(values, torch.float16) == 0.25
+    assert sequential_sum(values, torch.bfloat16) < 0.1
+    assert abs(kahan_sum(values, torch.float16) - exact) < 0.01
+    assert abs(kahan_sum(values, torch.bfloat16) - exact) < 0.01
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_quantize_matches_pytorch():
+    torch.manual_seed(0)
+    x = torch.randn(1000) * 3
+    for dtype, qdtype, zp in ((torch.int8, torch.qint8, 5), (torch.uint8, torch.quint8, 128)):
+        scale = 0.05
+        q = quantize(x, scale, zp, dtype)
+        ref = torch.quantize_per_tensor(x, scale, zp, qdtype)
+        assert q.dtype == dtype and torch.equal(q, ref.int_repr())
+        assert torch.allclose(dequantize(q, scale, zp), ref.dequantize())
+        qmin, qmax = (-128, 127) if dtype == torch.int8 else (0, 255)
+        fake = torch.fake_quantize_per_tensor_affine(x, scale, zp, qmin, qmax)
+        assert torch.allclose(dequantize(q, scale, zp), fake)
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_quantize_rounds_half_even_and_saturates():
+    q = quantize(torch.tensor([0.25, 0.75, -0.25, 100.0, -100.0]), 0.5, 0)
+    assert q.tolist() == [0, 2, 0, 127, -128]
+    ref = torch.quantize_per_tensor(torch.tensor([0.25, 0.75, -0.25, 100.0, -100.0]), 0.5, 0, torch.qint8)
+    assert torch.equal(q, ref.int_repr())
+
+
+def test_choose_qparams_matches_minmax_observer():
+    from torch.ao.quantization import MinMaxObserver
+
+    torch.manual_seed(0)
+    x = torch.randn(500) * 2 + 1
+    for dtype, qdtype in ((torch.int8, torch.qint8), (torch.uint8, torch.quint8)):
+        for symmetric in (False, True):
+            scheme = torch.per_tensor_symmetric if symmetric else torch.per_tensor_affine
+            obs = MinMaxObserver(dtype=qdtype, qscheme=scheme)
+            obs(x)
+            ref_scale, ref_zp = obs.calculate_qparams()
+            scale, zp = choose_qparams(x, dtype, symmetric)
+            assert scale == pytest.approx(ref_scale.item(), rel=1e-6) and zp == ref_zp.item()
+    # the error of a round trip is at most half a step inside the range
+    scale, zp = choose_qparams(x)
+    assert (dequantize(quantize(x, scale, zp), scale, zp) - x).abs().max() <= scale / 2 + 1e-6
+
+
+def test_quantize_bad_input():
+    x = torch.zeros(3)
+    with pytest.raises(ValueError, match="scale"):
+        quantize(x, 0.0, 0)
+    with pytest.raises(ValueError, match="zero_point"):
+        quantize(x, 1.0, 200, torch.int8)
+    with pytest.raises(ValueError, match="dtype"):
+        quantize(x, 1.0, 0, torch.int16)
+    with pytest.raises(ValueError, match="dtype"):
+        choose_qparams(x, torch.float16)
+    with pytest.raises(ValueError, match="scale"):
+        dequantize(torch.zeros(3, dtype=torch.int8), -1.0, 0)
+
+
+def test_fixed_point_properties():
+    lo, hi, res = fixed_range(3, 4)  # Q3.4: 8 bits
+    assert (lo, hi, res) == (-8.0, 8.0 - 1 / 16, 1 / 16)
+    x = torch.linspace(-7.9, 7.9, 1001, dtype=torch.float64)
+    back = from_fixed(to_fixed(x, 3, 4), 4)
+    assert (back - x).abs().max() <= res / 2  # rounding error at most half the resolution
+    assert torch.equal(from_fixed(to_fixed(back, 3, 4), 4), back)  # representable numbers are exact
+    sat = from_fixed(to_fixed(torch.tensor([100.0, -100.0]), 3, 4), 4)
+    assert sat.tolist() == [hi, lo]  # saturation, no wrap-around
+    assert to_fixed(torch.tensor([0.5 / 16, 1.5 / 16]), 3, 4).tolist() == [0, 2]  # ties to even
+    assert math.isclose(fixed_range(0, 15)[2], 2**-15)
+
+
+def test_fixed_point_bad_input():
+    with pytest.raises(ValueError, match="int_bits"):
+        to_fixed(torch.zeros(1), -1, 4)
+    with pytest.raises(ValueError, match="frac_bits"):
+        from_fixed(torch.zeros(1), 2.5)
+    with pytest.raises(ValueError, match="at most 62"):
+        fixed_range(40, 30)
