@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .validate import positive_int
+
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 RAW_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -34,13 +36,6 @@ DOWNLOAD_TIMEOUT_S = 10  # per connection; torchvision tries two mirrors
 
 class MNISTNotFoundError(FileNotFoundError):
     """MNIST is not on disk and could not be downloaded; the message says how to fix it."""
-
-
-def _check_positive_int(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}; got {value!r}")
 
 
 def data_root() -> Path:
@@ -143,7 +138,7 @@ def load_tensors(split: str = "train", root=None, limit: int | None = None) -> t
     limit: keep the first `limit` samples (MNIST's files are not sorted by class).
     Read once per process and cached; callers get fresh tensors they may modify.
     """
-    _check_positive_int("limit", limit, allow_none=True)
+    positive_int("limit", limit, allow_none=True)
     images, labels = _raw_tensors(split, str(_resolve_root(root)))
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
@@ -165,7 +160,7 @@ class TensorLoader:
         n = len(tensors[0])
         if any(len(t) != n for t in tensors):
             raise ValueError(f"all tensors must have the same length; got {[len(t) for t in tensors]}")
-        _check_positive_int("batch_size", batch_size)
+        positive_int("batch_size", batch_size)
         self.tensors = tuple(t.to(device) for t in tensors) if device is not None else tensors
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.seed, self.epoch = seed, 0
@@ -214,7 +209,7 @@ def write_shards(images: torch.Tensor, labels: torch.Tensor, out_dir, shard_size
 
     Stored as uint8 (4x smaller than float32); normalised on the fly when read.
     """
-    _check_positive_int("shard_size", shard_size)
+    positive_int("shard_size", shard_size)
     if images.dtype != torch.uint8:
         raise TypeError(f"images must be uint8 raw pixels (ShardStream normalises when reading); got {images.dtype}")
     if len(images) != len(labels):

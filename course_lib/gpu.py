@@ -17,6 +17,7 @@ import time
 import torch
 
 from .env import DeviceUnavailableError
+from .validate import positive_int
 
 
 def _as_device(device) -> torch.device:
@@ -25,12 +26,6 @@ def _as_device(device) -> torch.device:
     if not isinstance(device, torch.device):
         raise TypeError(f"device must be a torch.device or a string such as 'cpu' or 'cuda'; got {device!r}")
     return device
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
-    return value
 
 
 def synchronize(device) -> None:
@@ -52,7 +47,7 @@ def time_fn(fn, device, repeats: int = 5, warmup: int = 1) -> float:
     if not callable(fn):
         raise TypeError(f"fn must be callable; got {fn!r}")
     device = _as_device(device)
-    _positive_int(repeats, "repeats")
+    positive_int("repeats", repeats)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be a non-negative int; got {warmup!r}")
     for _ in range(warmup):
@@ -74,7 +69,7 @@ def host_buffer(nbytes: int, pinned: bool) -> torch.Tensor:
     (pageable) memory is first staged through a pinned buffer by the driver, which costs a
     second memcpy. Pinning needs a CUDA driver, so `pinned=True` fails without a GPU.
     """
-    _positive_int(nbytes, "nbytes")
+    positive_int("nbytes", nbytes)
     if pinned and not torch.cuda.is_available():
         raise DeviceUnavailableError("pinned=True needs a CUDA GPU (page-locking is done by the CUDA driver)")
     return torch.ones(nbytes, dtype=torch.uint8).pin_memory() if pinned else torch.ones(nbytes, dtype=torch.uint8)

@@ -19,6 +19,7 @@ import torch
 
 from .env import get_device
 from .gpu import time_fn
+from .validate import positive_int
 
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
@@ -46,11 +47,6 @@ def _check_dtype(dtype) -> None:
         raise ValueError(f"dtype must be one of {FLOAT_DTYPES}; got {dtype!r}")
 
 
-def _check_positive_int(value, name: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
-
-
 def measure_matmul_gflops(n: int = 1024, dtype=torch.float32, device="cpu", repeats: int = 5) -> float:
     """Achieved GFLOP/s of an (n, n) @ (n, n) matmul: 2*n^3 / median seconds / 1e9.
 
@@ -59,8 +55,8 @@ def measure_matmul_gflops(n: int = 1024, dtype=torch.float32, device="cpu", repe
     device: "cpu", "cuda", "cuda:N", "mps" or "auto" (a missing device is an error, not a
     silent CPU figure).
     """
-    _check_positive_int(n, "n")
-    _check_positive_int(repeats, "repeats")
+    positive_int("n", n)
+    positive_int("repeats", repeats)
     _check_dtype(dtype)
     device = get_device(str(device))
     a = torch.randn(n, n, device=device).to(dtype)
@@ -185,8 +181,8 @@ def loop_vs_vectorised(n: int = 100_000, repeats: int = 3) -> LoopVsVector:
     through the interpreter with a boxed float each time. torch runs single-threaded here so
     that the gain is not from extra cores (and a busy neighbour core cannot stall it).
     """
-    _check_positive_int(n, "n")
-    _check_positive_int(repeats, "repeats")
+    positive_int("n", n)
+    positive_int("repeats", repeats)
     x = torch.rand(n)
     xs = x.tolist()
 

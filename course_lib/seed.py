@@ -29,6 +29,7 @@ import torch.optim as optim
 
 from .data import mnist_dataset
 from .train import History
+from .validate import positive_int
 
 
 class SeedNet(nn.Module):
@@ -65,14 +66,11 @@ def seed_train(root=None, epochs=2, batch_size=4, lr=0.001, momentum=0.9, num_wo
     `.model` holds the trained SeedNet). images/s counts the training loop only, data loading
     included, evaluation excluded.
     """
-    if not isinstance(epochs, int) or epochs <= 0:
-        raise ValueError(f"epochs must be a positive int; got {epochs!r}")
-    if not isinstance(log_every, int) or log_every <= 0:
-        raise ValueError(f"log_every must be a positive int; got {log_every!r}")
+    positive_int("epochs", epochs)
+    positive_int("log_every", log_every)
+    positive_int("train_subset", train_subset, allow_none=True)
     trainset = mnist_dataset("train", root)
     if train_subset is not None:
-        if not isinstance(train_subset, int) or train_subset <= 0:
-            raise ValueError(f"train_subset must be a positive int or None; got {train_subset!r}")
         trainset = torch.utils.data.Subset(trainset, range(min(train_subset, len(trainset))))
     testset = mnist_dataset("test", root)
     trainloader = torch.utils.data.DataLoader(trainset, batch_size=batch_size, shuffle=True,
