@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Jupyter refuses to run as root (containers, some classroom VMs) unless told it is deliberate.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 .PHONY: setup lab test exercises doctor bench clean
 
@@ -20,7 +22,7 @@ setup: $(STAMP)
 
 lab: $(STAMP)
 	$(BIN)/python -m course_lib doctor || true
-	$(BIN)/jupyter lab --notebook-dir=. $(if $(HEADLESS),--no-browser,) notebooks/00_start_here.ipynb
+	$(BIN)/jupyter lab --notebook-dir=. $(if $(HEADLESS),--no-browser,) $(ROOT_FLAG) notebooks/00_start_here.ipynb
 
 # Quick mode (COURSE_QUICK=1) runs the same code with fewer epochs and samples.
 test: $(STAMP)
