@@ -1,0 +1,156 @@
+"""Run a function on N local processes that form a process group: torchrun for notebooks.
+
+    from course_lib.distributed.launch import launch
+    from course_lib.distributed.workers import all_reduce_sum
+    launch(all_reduce_sum, world_size=4)        # -> [result of rank 0, ..., rank 3]
+
+Each worker process is started with `spawn` (safe with threads and CUDA, and the only start method
+on macOS and Windows), joins a process group (gloo on CPU, nccl when every rank gets its own GPU)
+and calls `fn(rank, world_size, *args)`; the return values come back in rank order.
+
+What makes it safe to use in front of a class:
+- no port to choose: the launcher holds the rendezvous store itself, on a free port the OS picks;
+- a worker's exception is re-raised here as WorkerError with that rank and its traceback, and the
+  other ranks (perhaps stuck waiting in a collective for the dead one) are killed at once;
+- a deadline (`timeout`) for the whole launch, after which every worker is killed;
+- no orphans: workers are killed on any exit from `launch`, and a worker whose parent dies
+  (kernel restart) exits by itself within a second.
+
+`fn` must be importable by the child (defined in a module such as course_lib, not in a notebook
+cell): a spawned process re-imports it by name.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import threading
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..validate import positive_int
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+class WorkerError(RuntimeError):
+    """A worker raised: `rank` is the failing rank, `remote_traceback` its traceback as text."""
+
+    def __init__(self, rank: int, remote_traceback: str):
+        self.rank, self.remote_traceback = rank, remote_traceback
+        super().__init__(f"rank {rank} failed; its traceback:\n{remote_traceback}")
+
+
+def choose_backend(world_size: int, backend: str = "auto") -> str:
+    """nccl when CUDA has a GPU for every rank, gloo otherwise (or as asked)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    if backend == "nccl" and not (torch.cuda.is_available() and torch.cuda.device_count() >= world_size):
+        raise ValueError(f"backend='nccl' needs {world_size} CUDA GPUs; this machine has "
+                         f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}. Use 'gloo' or 'auto'.")
+    return backend
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Daemon thread in each worker: exit as soon as the launching process is gone."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        time.sleep(0.5)
+
+
+def _worker(rank, world_size, backend, port, timeout_s, threads, parent_pid, fn, args, results):
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(threads)
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        results.put(("ok", rank, fn(rank, world_size, *args), time.time()))
+    except BaseException:  # noqa: BLE001 - everything goes back to the launcher, with the rank
+        # Timestamped: when one rank dies, its peers fail too ("connection closed"); the earliest is the cause.
+        results.put(("error", rank, traceback.format_exc(), time.time()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _root_cause(results, first, grace_s: float = 1.0) -> WorkerError:
+    """Collect the errors that arrive within `grace_s` and blame the rank that failed first."""
+    errors, end = [first], time.monotonic() + grace_s
+    while time.monotonic() < end:
+        try:
+            status, rank, value, when = results.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if status == "error":
+            errors.append((when, rank, value))
+    _, rank, tb = min(errors)
+    return WorkerError(rank, tb)
+
+
+def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 120.0,
+           threads_per_rank: int = 1) -> list:
+    """Run `fn(rank, world_size, *args)` on `world_size` processes; return their results by rank.
+
+    timeout: seconds for the whole launch (WorkerError/TimeoutError after it; workers killed).
+    threads_per_rank: torch threads per worker; 1 keeps N ranks from fighting over few cores.
+    """
+    positive_int("world_size", world_size)
+    positive_int("threads_per_rank", threads_per_rank)
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds; got {timeout!r}")
+    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__", ""):
+        raise ValueError(f"fn={getattr(fn, '__qualname__', fn)!r} is defined in a notebook or script: spawned "
+                         "workers cannot import it. Put worker functions in a module (course_lib) and import them.")
+    backend = choose_backend(world_size, backend)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    # The launcher holds the rendezvous store: a free port chosen by the OS, no race with other jobs.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    procs = [ctx.Process(target=_worker, daemon=True,
+                         args=(rank, world_size, backend, store.port, timeout, threads_per_rank, os.getpid(),
+                               fn, args, results)) for rank in range(world_size)]
+    deadline = time.monotonic() + timeout
+    outputs: dict[int, object] = {}
+    try:
+        for p in procs:
+            p.start()
+        while len(outputs) < world_size:
+            try:
+                status, rank, value, when = results.get(timeout=0.1)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode not in (None, 0)]
+                if dead:
+                    time.sleep(0.5)  # its own error report may still be in flight
+                    if results.empty():
+                        raise WorkerError(dead[0], f"the process exited with code {procs[dead[0]].exitcode} "
+                                                   "without a Python exception (killed, or crashed in native code)")
+                if time.monotonic() > deadline:
+                    missing = [r for r in range(world_size) if r not in outputs]
+                    raise TimeoutError(f"launch timed out after {timeout:g} s; ranks {missing} had not finished "
+                                       "(a rank waiting in a collective that another rank never joined?)")
+                continue
+            if status == "error":
+                raise _root_cause(results, (when, rank, value))
+            outputs[rank] = value
+        for p in procs:
+            p.join(timeout=max(deadline - time.monotonic(), 1.0))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        results.close()
+    return [outputs[r] for r in range(world_size)]

@@ -1,0 +1,69 @@
+"""The notebook launcher: results by rank, errors with rank and traceback, timeouts, no orphans."""
+import os
+import time
+
+import pytest
+
+from course_lib.distributed import workers
+from course_lib.distributed.launch import WorkerError, choose_backend, launch
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_all_reduce_results_come_back_in_rank_order(world_size):
+    out = launch(workers.all_reduce_sum, world_size, 3)
+    expected = float(sum(range(1, world_size + 1)))
+    assert out == [[expected] * 3] * world_size
+    info = launch(workers.rank_info, 2)
+    assert [i["rank"] for i in info] == [0, 1] == [i["env_rank"] for i in info]
+    assert {i["backend"] for i in info} == {choose_backend(2)}
+
+
+def test_a_failing_rank_is_reported_with_its_traceback_and_the_rest_are_killed():
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        launch(workers.fail_on_rank, 3, 2, timeout=60)
+    assert time.monotonic() - t0 < 30, "the error must arrive in seconds, not at the timeout"
+    err = info.value
+    assert err.rank == 2 and "rank 2 failed" in str(err)
+    assert "deliberate failure on rank 2" in err.remote_traceback and "fail_on_rank" in err.remote_traceback
+
+
+def test_timeout_kills_every_worker(tmp_path):
+    with pytest.raises(TimeoutError, match="ranks \\[0, 1\\]"):
+        launch(workers.report_pid_then_sleep, 2, str(tmp_path), timeout=8)
+    pids = [int((tmp_path / str(r)).read_text()) for r in range(2)]
+    time.sleep(0.5)
+    assert not any(alive(pid) for pid in pids), "no orphan worker may survive the launch"
+
+
+def test_bad_arguments_are_refused_by_name():
+    with pytest.raises(ValueError, match="world_size"):
+        launch(workers.rank_info, 0)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        launch(workers.rank_info, 2, backend="mpi")
+    with pytest.raises(ValueError, match="timeout"):
+        launch(workers.rank_info, 2, timeout=0)
+
+    def local_fn(rank, world_size):
+        return rank
+
+    with pytest.raises(ValueError, match="cannot import it"):
+        launch(local_fn, 2)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.device_count() >= 2, reason="this machine has 2 GPUs")
+def test_nccl_without_gpus_is_refused():
+    with pytest.raises(ValueError, match="needs 2 CUDA GPUs"):
+        choose_backend(2, "nccl")
