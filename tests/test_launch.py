@@ -67,3 +67,13 @@ def test_bad_arguments_are_refused_by_name():
 def test_nccl_without_gpus_is_refused():
     with pytest.raises(ValueError, match="needs 2 CUDA GPUs"):
         choose_backend(2, "nccl")
+
+
+def test_free_port_can_be_bound():
+    import socket
+
+    from course_lib.distributed.launch import free_port
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+    assert 1024 <= port < 65536

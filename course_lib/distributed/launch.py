@@ -154,3 +154,12 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 1
             p.join(timeout=5)
         results.close()
     return [outputs[r] for r in range(world_size)]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for torchrun's --rdzv-endpoint)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
