@@ -148,6 +148,22 @@ def loader(data_dir=None, quick: bool = False) -> BenchResult:
                        "not counted)", rows, summary)
 
 
+@register("allreduce")
+def allreduce(data_dir=None, quick: bool = False) -> BenchResult:
+    """Our from-scratch ring all-reduce vs dist.all_reduce (gloo) on 2 ranks, 1 KB-64 MB, with alpha-beta fits."""
+    from .distributed.bench_allreduce import allreduce_bench
+
+    return allreduce_bench(data_dir, quick)
+
+
+@register("ddp")
+def ddp(data_dir=None, quick: bool = False) -> BenchResult:
+    """torch DDP scaling 1 -> 2 ranks (Net, batch 64/rank) and BucketedDDP overlap vs FlatDDP (wide MLP)."""
+    from .distributed.bench_ddp import run
+
+    return run(quick)
+
+
 def run_benchmark(name: str, data_dir=None, quick: bool = False) -> BenchResult:
     """Run the benchmark registered as `name` (one of BENCHMARKS)."""
     if name not in BENCHMARKS:

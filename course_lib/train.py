@@ -3,16 +3,34 @@
     python -m course_lib.train                                  # Net on MNIST, defaults below
     python -m course_lib.train --model lenet300 --epochs 3 --json
     python -m course_lib.train --checkpoint-dir runs/a --resume   # continue after a crash
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy ddp --json
+    torchrun --nnodes 2 --node_rank 0 --rdzv-backend c10d --rdzv-endpoint HOST:PORT --nproc_per_node 4 \
+        -m course_lib.train --strategy ddp --checkpoint-dir runs/b --checkpoint-every 50 --resume
 
 `fit` is used by every notebook and script; the CLI is a thin layer over it. The CLI reads
-RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun) and logs from rank 0 only; multi-process
-strategies build on that in the distributed lessons. With --json the last stdout line is a
-JSON object (test_accuracy, train_seconds, images_per_second, world_size, device, ...).
+RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun) and logs from rank 0 only. With --json the last
+stdout line is a JSON object (test_accuracy, train_seconds, images_per_second, world_size,
+device, ...); under DDP images_per_second is the sum over ranks and --batch-size is per rank.
+
+--strategy ddp (under torchrun): gloo on CPU, nccl on cuda:LOCAL_RANK; torch's
+DistributedDataParallel; each rank trains on its own shard of the data each epoch
+(`distributed.ddp.ShardedTensorLoader`, DistributedSampler's order); rank 0 downloads the data
+first, then the others load it; rank 0 alone logs and writes checkpoints, behind a barrier.
+
+Fault tolerance: --checkpoint-every N writes DIR/last.pt atomically every N optimizer steps
+(model, optimizer, scheduler, every rank's RNG, epoch, step); --resume continues from it, mid-
+epoch, skipping the batches already done. Test hook: with COURSE_FAIL_AT_STEP=N (and
+COURSE_FAIL_RANK=R, default 0) rank R dies with os._exit(1) right after global step N (after
+that step's checkpoint, if one is due), but only in the first attempt (TORCHELASTIC_RESTART_COUNT
+unset or "0"), so that `torchrun --max-restarts 1` restarts the group and it finishes.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import itertools
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,6 +42,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+STRATEGIES = ("single", "ddp")
 
 
 @dataclass
@@ -88,12 +107,19 @@ def evaluate(model: nn.Module, loader, device=None) -> tuple[float, float]:
 
 
 def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, scheduler=None,
-                history: History | None = None, desc: str = "train", progress: bool = True) -> tuple[float, int]:
-    """One pass over `loader`; returns (mean loss, number of samples)."""
+                history: History | None = None, desc: str = "train", progress: bool = True,
+                skip_batches: int = 0, on_step_end=None) -> tuple[float, int]:
+    """One pass over `loader`; returns (mean loss, number of samples).
+
+    skip_batches: leave out the first k batches (resuming mid-epoch: they were trained already).
+    on_step_end(batches_done): called after each optimizer step, batches_done counting skipped ones.
+    """
     model.train()
     total, seen = 0.0, 0
+    batches = itertools.islice(loader, skip_batches, None)
     # Pass `disable` only to switch the bar off: an explicit value would override TQDM_DISABLE.
-    for x, y in tqdm(loader, desc=desc, leave=False, **({} if progress else {"disable": True})):
+    for i, (x, y) in enumerate(tqdm(batches, desc=desc, leave=False, total=max(len(loader) - skip_batches, 0),
+                                    **({} if progress else {"disable": True})), start=skip_batches + 1):
         x, y = _to((x, y), device)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
@@ -106,20 +132,26 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
         seen += len(y)
         if history is not None:
             history.step_loss.append(value)
+        if on_step_end is not None:
+            on_step_end(i)
     return total / max(seen, 1), seen
 
 
 def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, optimizer=None,
         lr: float = 1e-3, device=None, loss_fn=F.cross_entropy, scheduler=None, progress: bool = True,
-        log=print, start_epoch: int = 0, on_epoch_end=None) -> History:
+        log=print, start_epoch: int = 0, on_epoch_end=None, skip_batches: int = 0, on_step_end=None) -> History:
     """Train `model` for `epochs` passes over `train_loader`; evaluate on `val_loader` each epoch.
 
     optimizer defaults to Adam(lr). `scheduler` is stepped every batch. `on_epoch_end(epoch,
     history)` runs after each epoch (checkpointing uses it). Returns a History; images/s counts
     training only, not evaluation. `log=None` silences the per-epoch line (non-zero ranks).
+    skip_batches: batches of the first epoch already trained (resume mid-epoch);
+    `on_step_end(epoch, batches_done)` runs after every optimizer step.
     """
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int; got {epochs!r}")
+    if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
+        raise ValueError(f"skip_batches must be a non-negative int; got {skip_batches!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.to(device)
     optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
@@ -132,8 +164,10 @@ def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, opt
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
+        step_hook = None if on_step_end is None else (lambda done, e=epoch: on_step_end(e, done))
         loss, seen = train_epoch(model, train_loader, optimizer, device, loss_fn, scheduler, history,
-                                 desc=f"epoch {epoch + 1}", progress=progress)
+                                 desc=f"epoch {epoch + 1}", progress=progress,
+                                 skip_batches=skip_batches if epoch == start_epoch else 0, on_step_end=step_hook)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - t0
@@ -208,36 +242,100 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-subset", type=_positive(int), default=None, help="use the first N training images")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-dir", default=None, help="write DIR/last.pt atomically after every epoch")
+    p.add_argument("--checkpoint-every", type=_positive(int), default=None, metavar="STEPS",
+                   help="also write DIR/last.pt every STEPS optimizer steps (resume continues mid-epoch)")
     p.add_argument("--resume", action="store_true", help="continue from DIR/last.pt if it exists")
+    p.add_argument("--strategy", choices=STRATEGIES, default="single",
+                   help="ddp: DistributedDataParallel, one process per rank (launch with torchrun)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
+def _fail_hook(rank: int, global_step: int) -> None:
+    """COURSE_FAIL_AT_STEP / COURSE_FAIL_RANK: die like a killed worker (first attempt only)."""
+    at = os.environ.get("COURSE_FAIL_AT_STEP")
+    if not at or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0"):
+        return
+    if global_step == int(at) and rank == int(os.environ.get("COURSE_FAIL_RANK", "0")):
+        print(f"COURSE_FAIL_AT_STEP: rank {rank} exits at step {global_step}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def _setup_strategy(args, info):
+    """(device, is_ddp): checks the launch, and joins the process group for ddp."""
+    from .env import get_device
+
+    if args.strategy == "single":
+        if info.world_size > 1:
+            raise SystemExit(f"WORLD_SIZE={info.world_size} but --strategy single: every rank would train its own "
+                             "model on all the data. Use --strategy ddp, or run one process without torchrun.")
+        return get_device(args.device), False
+    if "MASTER_ADDR" not in os.environ:
+        raise SystemExit("--strategy ddp needs a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR, e.g.\n"
+                         "  torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy ddp")
+    device = get_device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+    elif device.type != "cpu":
+        raise SystemExit(f"--strategy ddp runs on CPU (gloo) or CUDA (nccl), not {device.type}")
+    timeout = datetime.timedelta(minutes=10)
+    # After a torchrun restart the rendezvous store still holds the dead attempt's addresses:
+    # give each attempt its own key space, or ranks would connect to the old, gone peers.
+    store = torch.distributed.PrefixStore(
+        f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+        torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size,
+                                   is_master=False, timeout=timeout))
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
+                                         rank=info.rank, world_size=info.world_size, timeout=timeout)
+    return device, True
+
+
 def run(args: argparse.Namespace) -> dict:
     """Train as the CLI does and return the summary dict (tests call this in-process)."""
-    from .checkpoint import load_checkpoint, save_checkpoint
-    from .data import mnist_loaders
-    from .env import dist_info, get_device, seed_everything
-    from .models import build_model, count_parameters
+    from .env import dist_info
 
     info = dist_info()
-    if info.world_size > 1:
-        raise SystemExit(f"WORLD_SIZE={info.world_size}: multi-process training is not available in this "
-                         "version of course_lib.train yet; run it as a single process.")
     if args.resume and not args.checkpoint_dir:
         raise SystemExit("--resume needs --checkpoint-dir (where to look for last.pt)")
+    if args.checkpoint_every and not args.checkpoint_dir:
+        raise SystemExit("--checkpoint-every needs --checkpoint-dir (where to write last.pt)")
     if args.seed < 0:
         raise SystemExit(f"--seed must be >= 0; got {args.seed}")
-    log = print if info.is_main else None
-    device = get_device(args.device)
-    seed_everything(args.seed, info.rank)
+    device, ddp = _setup_strategy(args, info)
+    try:
+        return _train(args, info, device, ddp)
+    finally:
+        if ddp:
+            torch.distributed.destroy_process_group()
+
+
+def _train(args, info, device, ddp: bool) -> dict:
+    from .checkpoint import load_checkpoint, save_checkpoint
+    from .data import load_tensors, mnist_loaders
+    from .distributed.ddp import ShardedTensorLoader
+    from .env import seed_everything
+    from .models import build_model, count_parameters
+
+    dist = torch.distributed
+    log = (print if not ddp else (lambda line: print(f"[rank 0 of {info.world_size}] {line}", flush=True))) \
+        if info.is_main else None
+    seed_everything(args.seed, info.rank)   # per-rank dropout; weights still equal: DDP broadcasts rank 0's
+    if ddp:
+        if info.is_main:                     # download on rank 0 only, then everyone reads the files
+            load_tensors("train", args.data_dir, args.train_subset)
+        dist.barrier()
     train_loader, test_loader = mnist_loaders(args.batch_size, args.data_dir, args.train_subset, device, args.seed)
+    if ddp:
+        train_loader = ShardedTensorLoader(*train_loader.tensors, batch_size=args.batch_size, rank=info.rank,
+                                           world_size=info.world_size, seed=args.seed)
     model = build_model(args.model).to(device)
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr)
+    steps_per_epoch = len(train_loader)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, epochs=args.epochs,
-                                                    steps_per_epoch=len(train_loader))
-    start = 0
+                                                    steps_per_epoch=steps_per_epoch)
+    start, skip = 0, 0
     ckpt_path = Path(args.checkpoint_dir) / "last.pt" if args.checkpoint_dir else None
     if args.resume and ckpt_path.is_file():
         state = load_checkpoint(ckpt_path, map_location=device)
@@ -246,36 +344,68 @@ def run(args: argparse.Namespace) -> dict:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
-        start = state["epoch"] + 1
+        rngs = state.get("rng_per_rank")
+        rng = rngs[info.rank] if rngs and len(rngs) == info.world_size else state["rng"]
+        torch.set_rng_state(rng.cpu())
+        done = state.get("batches_done", steps_per_epoch)   # epoch-end checkpoints: the epoch is complete
+        start, skip = (state["epoch"] + 1, 0) if done >= steps_per_epoch else (state["epoch"], done)
         if log:
-            log(f"resumed from {ckpt_path} after epoch {start}")
+            log(f"resumed from {ckpt_path} at epoch {start + 1}, batch {skip} (global step {state.get('step')})")
+    train_model = model
+    if ddp:
+        train_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                                          else None)
 
-    def checkpoint(epoch, _history):
-        if ckpt_path is not None and info.is_main:
-            save_checkpoint(ckpt_path, {"model_name": args.model, "epoch": epoch, "model": model.state_dict(),
+    def checkpoint(epoch, batches_done):
+        """All ranks call this: gather every rank's RNG, rank 0 writes, everyone waits for the file."""
+        if ckpt_path is None:
+            return
+        rng = torch.get_rng_state()
+        rngs = [rng]
+        if ddp:
+            rngs = [None] * info.world_size
+            dist.all_gather_object(rngs, rng)
+        if info.is_main:
+            save_checkpoint(ckpt_path, {"model_name": args.model, "epoch": epoch, "batches_done": batches_done,
+                                        "step": epoch * steps_per_epoch + batches_done,
+                                        "world_size": info.world_size, "model": model.state_dict(),
                                         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                                        "rng": torch.get_rng_state()})
+                                        "rng": rng, "rng_per_rank": rngs})
+        if ddp:
+            dist.barrier()
+
+    def on_step_end(epoch, batches_done):
+        step = epoch * steps_per_epoch + batches_done
+        if args.checkpoint_every and step % args.checkpoint_every == 0 and batches_done < steps_per_epoch:
+            checkpoint(epoch, batches_done)          # epoch ends are written by on_epoch_end
+        _fail_hook(info.rank, step)
 
     if log:
         log(f"training {args.model} ({count_parameters(model):,} parameters) on {device}, "
-            f"{train_loader.dataset_size:,} training images, epochs {start + 1}..{args.epochs}")
-    history = fit(model, train_loader, test_loader, epochs=max(args.epochs - start, 0), optimizer=optimizer,
-                  device=device, scheduler=scheduler, progress=not args.no_progress, log=log,
-                  start_epoch=start, on_epoch_end=checkpoint)
+            f"{train_loader.dataset_size:,} training images, epochs {start + 1}..{args.epochs}"
+            + (f", {info.world_size} ranks x batch {args.batch_size}" if ddp else ""))
+    history = fit(train_model, train_loader, test_loader, epochs=max(args.epochs - start, 0), optimizer=optimizer,
+                  device=device, scheduler=scheduler, progress=not args.no_progress and info.is_main, log=log,
+                  start_epoch=start, skip_batches=skip, on_step_end=on_step_end,
+                  on_epoch_end=lambda epoch, _h: checkpoint(epoch, steps_per_epoch))
     test_loss, test_acc = evaluate(model, test_loader, device)
+    rate = torch.tensor([history.mean_images_per_second], dtype=torch.float64, device=device)
+    if ddp:
+        dist.all_reduce(rate)                # throughput of the whole job: the sum over ranks
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
-            "world_size": info.world_size, "epochs": args.epochs, "epochs_run": len(history.train_loss),
-            "batch_size": args.batch_size, "lr": args.lr, "optimizer": args.optimizer, "seed": args.seed,
-            "train_samples": train_loader.dataset_size, "test_samples": test_loader.dataset_size,
+            "strategy": args.strategy, "world_size": info.world_size, "epochs": args.epochs,
+            "epochs_run": len(history.train_loss), "batch_size": args.batch_size,
+            "global_batch_size": args.batch_size * info.world_size, "lr": args.lr, "optimizer": args.optimizer,
+            "seed": args.seed, "train_samples": train_loader.dataset_size, "test_samples": test_loader.dataset_size,
             "test_loss": round(test_loss, 6), "test_accuracy": round(test_acc, 6),
             "train_seconds": round(history.train_seconds, 3),
-            "images_per_second": round(history.mean_images_per_second, 1)}
+            "images_per_second": round(rate.item(), 1),
+            "images_per_second_note": "sum over ranks" if ddp else "one process"}
 
 
 def main(argv=None) -> int:
     from .data import MNISTNotFoundError
-    from .env import DeviceUnavailableError
+    from .env import DeviceUnavailableError, dist_info
 
     args = build_parser().parse_args(argv)
     try:
@@ -283,6 +413,8 @@ def main(argv=None) -> int:
     except (MNISTNotFoundError, DeviceUnavailableError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not dist_info().is_main:
+        return 0
     print(f"test accuracy {100 * summary['test_accuracy']:.2f}% on {summary['test_samples']:,} images after "
           f"{summary['train_seconds']:.1f} s of training ({summary['images_per_second']:,.0f} images/s)")
     if args.json:

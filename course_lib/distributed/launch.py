@@ -151,7 +151,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 1
             if p.is_alive():
                 p.kill()
         for p in procs:
-            p.join(timeout=5)
+            if p.pid is not None:  # a start() that failed leaves nothing to join
+                p.join(timeout=5)
         results.close()
     return [outputs[r] for r in range(world_size)]
 

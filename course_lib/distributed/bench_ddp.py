@@ -1,0 +1,89 @@
+"""DDP benchmarks: scaling of torch DDP from 1 to 2 ranks, and bucketed overlap vs one flat all-reduce.
+
+    python -m course_lib.bench ddp --json          # keys scaling_efficiency, overlap_speedup
+
+Ratios measured side by side in one run, one thread per rank. scaling_efficiency = (images/s of
+2 ranks, summed) / (2 x images/s of 1 rank) for `Net` at batch 64 per rank. overlap_speedup =
+step time with FlatDDP / step time with BucketedDDP, on a wide MLP where the all-reduce of its
+~10M gradients is a large part of the step.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .ddp import BucketedDDP, FlatDDP
+from .launch import launch
+
+
+def _timed(step, steps: int) -> float:
+    """Seconds per step, after two warm-up steps, measured between barriers (slowest rank counts)."""
+    for _ in range(2):
+        step()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dist.barrier()
+    return (time.perf_counter() - t0) / steps
+
+
+def ddp_images_per_second(rank: int, world_size: int, batch: int = 64, steps: int = 20) -> float:
+    """Worker: this rank's images/s training `Net` under torch DDP on random MNIST-shaped data."""
+    from ..models import Net
+
+    torch.manual_seed(rank)
+    model = nn.parallel.DistributedDataParallel(Net())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+
+    def step():
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return batch / _timed(step, steps)
+
+
+def overlap_step_seconds(rank: int, world_size: int, variant: str, width: int = 1024, steps: int = 10,
+                         bucket_mb: float = 4.0) -> float:
+    """Worker: seconds per step of a wide MLP wrapped in FlatDDP ("flat") or BucketedDDP ("bucketed")."""
+    if variant not in ("flat", "bucketed"):
+        raise ValueError(f"variant must be 'flat' or 'bucketed'; got {variant!r}")
+    torch.manual_seed(0)
+    layers = [nn.Linear(784, width), nn.ReLU()] + [m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())]
+    net = nn.Sequential(*layers, nn.Linear(width, 10))
+    model = FlatDDP(net) if variant == "flat" else BucketedDDP(net, bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 784), torch.randint(0, 10, (32,))
+
+    def step():
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        if variant == "flat":
+            model.sync_gradients()
+        opt.step()
+    return _timed(step, steps)
+
+
+def run(quick: bool = False):
+    """Both measurements; returns a course_lib.bench.BenchResult."""
+    from ..bench import BenchResult
+
+    steps = 5 if quick else 20
+    one = launch(ddp_images_per_second, 1, 64, steps)[0]
+    two = sum(launch(ddp_images_per_second, 2, 64, steps))
+    flat = max(launch(overlap_step_seconds, 2, "flat", 1024, steps))
+    bucketed = max(launch(overlap_step_seconds, 2, "bucketed", 1024, steps))
+    rows = [{"run": "torch DDP, Net, 1 rank", "batch/rank": 64, "images/s": round(one)},
+            {"run": "torch DDP, Net, 2 ranks", "batch/rank": 64, "images/s": round(two)},
+            {"run": "FlatDDP, wide MLP, 2 ranks", "batch/rank": 32, "step ms": round(1000 * flat, 1)},
+            {"run": "BucketedDDP, wide MLP, 2 ranks", "batch/rank": 32, "step ms": round(1000 * bucketed, 1)}]
+    rows = [{k: r.get(k, "") for k in ("run", "batch/rank", "images/s", "step ms")} for r in rows]
+    summary = {"benchmark": "ddp", "speedup": round(two / one, 2), "scaling_efficiency": round(two / (2 * one), 3),
+               "overlap_speedup": round(flat / bucketed, 3), "images_per_second_1_rank": round(one, 1),
+               "images_per_second_2_ranks": round(two, 1), "flat_step_ms": round(1000 * flat, 2),
+               "bucketed_step_ms": round(1000 * bucketed, 2), "threads_per_rank": 1, "quick": quick}
+    return BenchResult("DDP scaling (Net, batch 64 per rank) and overlap (wide MLP), one thread per rank", rows, summary)

@@ -1,0 +1,71 @@
+"""DDP from scratch (flat and bucketed) against torch's DDP; sharding against DistributedSampler."""
+import pytest
+import torch
+from torch import nn
+from torch.utils.data.distributed import DistributedSampler
+
+from course_lib.data import TensorLoader
+from course_lib.distributed.ddp import ShardedTensorLoader, assign_buckets, compare_with_torch_ddp, shard_indices
+from course_lib.distributed.launch import launch
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_flat_and_bucketed_match_torch_ddp(world_size):
+    for out in launch(compare_with_torch_ddp, world_size, timeout=100):
+        assert out["broadcast"] == 0.0 and out["buckets"] >= 3
+        assert out["flat"] < 1e-6 and out["bucketed"] < 1e-6 and out["no_sync"] < 1e-6
+        assert out["one_big_batch"] < 1e-5
+
+
+@pytest.mark.parametrize("n,world_size", [(10, 3), (12, 4), (5, 2), (2, 3), (7, 1)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shard_indices_matches_distributed_sampler(n, world_size, drop_last):
+    if drop_last and n < world_size:
+        pytest.skip("DistributedSampler gives every rank nothing")
+    for epoch in (0, 3):
+        shards = [shard_indices(n, r, world_size, epoch, seed=5, drop_last=drop_last) for r in range(world_size)]
+        for r, shard in enumerate(shards):
+            sampler = DistributedSampler(range(n), world_size, r, shuffle=True, seed=5, drop_last=drop_last)
+            sampler.set_epoch(epoch)
+            assert shard == list(sampler)
+        assert len({len(s) for s in shards}) == 1          # equal length: no rank waits forever
+        if not drop_last:
+            assert set().union(*shards) == set(range(n))   # everything seen, a few padded repeats
+    assert shard_indices(10, 0, 2, 0) != shard_indices(10, 0, 2, 1)     # set_epoch reshuffles
+
+
+def test_sharded_loader_batches_add_up_to_tensorloader_batches():
+    x, y = torch.arange(64.0).view(64, 1), torch.arange(64)
+    ranks = [ShardedTensorLoader(x, y, batch_size=4, rank=r, world_size=2, seed=3) for r in range(2)]
+    whole = TensorLoader(x, y, batch_size=8, seed=3)
+    for epoch in (0, 1):
+        for loader in (*ranks, whole):
+            loader.set_epoch(epoch)
+        for (x0, _), (x1, _), (xw, _) in zip(*ranks, whole):
+            assert sorted(torch.cat([x0, x1]).flatten().tolist()) == sorted(xw.flatten().tolist())
+    assert len(ranks[0]) == 8 and ranks[0].dataset_size == 64 and ranks[0].num_samples == 32
+
+
+def test_assign_buckets_reverse_order_and_size():
+    params = [nn.Parameter(torch.zeros(n)) for n in (1000, 10, 300_000, 5)]   # 4 bytes each
+    assert assign_buckets(params, bucket_mb=1.0) == [[3, 2], [1, 0]]
+    assert assign_buckets(params, bucket_mb=100.0) == [[3, 2, 1, 0]]
+    assert sum(assign_buckets(params, bucket_mb=1e-6), []) == [3, 2, 1, 0]
+
+
+def test_bad_arguments_are_refused_by_name():
+    with pytest.raises(ValueError, match="rank"):
+        shard_indices(10, 2, 2)
+    with pytest.raises(ValueError, match="world_size"):
+        shard_indices(10, 0, 0)
+    with pytest.raises(ValueError, match="epoch"):
+        shard_indices(10, 0, 2, epoch=-1)
+    with pytest.raises(ValueError, match="n must"):
+        shard_indices(0, 0, 2)
+    with pytest.raises(ValueError, match="bucket_mb"):
+        assign_buckets([], bucket_mb=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        ShardedTensorLoader(torch.zeros(4), batch_size=0)
+    with pytest.raises(ValueError, match="same length"):
+        ShardedTensorLoader(torch.zeros(4), torch.zeros(5))
