@@ -158,7 +158,7 @@ def allreduce(data_dir=None, quick: bool = False) -> BenchResult:
 
 @register("ddp")
 def ddp(data_dir=None, quick: bool = False) -> BenchResult:
-    """torch DDP scaling 1 -> 2 ranks (Net, batch 64/rank) and BucketedDDP overlap vs FlatDDP (wide MLP)."""
+    """torch DDP scaling 1 -> 2 ranks (Net, batch 128/rank) and BucketedDDP overlap vs FlatDDP (wide MLP)."""
     from .distributed.bench_ddp import run
 
     return run(quick)

@@ -1,0 +1,214 @@
+"""Multi-node torchrun on localhost, elastic restarts from checkpoints, the SLURM template, no orphans.
+
+The torchrun tests start real torchrun processes (two "nodes" on 127.0.0.1, or one standalone
+node with a worker killed mid-training) and then check that no process they started is left.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import needs_mnist
+from course_lib.checkpoint import load_checkpoint
+from course_lib.distributed.multinode import alive, last_json, run_commands, run_nodes, torchrun_command, whoami
+from course_lib.train import build_parser
+from nbtools import ROOT
+
+SBATCH = ROOT / "slurm" / "train_multinode.sbatch"
+TRAIN_OPTIONS = {a for action in build_parser()._actions for a in action.option_strings}
+TRAIN_SOURCE = (ROOT / "course_lib" / "train.py").read_text()
+needs_ddp = pytest.mark.skipif("--strategy" not in TRAIN_OPTIONS,
+                               reason="course_lib.train has no --strategy ddp yet")
+needs_fail_hook = pytest.mark.skipif(not {"--strategy", "--checkpoint-every"} <= TRAIN_OPTIONS
+                                     or "COURSE_FAIL_AT_STEP" not in TRAIN_SOURCE,
+                                     reason="course_lib.train lacks --checkpoint-every or the COURSE_FAIL_AT_STEP hook")
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    """Live processes whose environment holds COURSE_TEST_MARKER=marker (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"COURSE_TEST_MARKER={marker}".encode() in environ.split(b"\0") and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def marker():
+    """An environment marker for every process a test starts; afterwards none may be alive."""
+    value = uuid.uuid4().hex
+    yield value
+    if Path("/proc/self/environ").exists():
+        assert processes_with_marker(value) == [], "processes started by the test outlived it (orphans)"
+
+
+# --- argv ------------------------------------------------------------------------------------
+
+def test_torchrun_command_uses_this_python_and_the_rendezvous():
+    cmd = torchrun_command(["course_lib.train", "--epochs", "1"], nnodes=2, node_rank=1, nproc_per_node=4,
+                           rdzv_endpoint="node0:29500", max_restarts=3)
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    text = " ".join(cmd)
+    for part in ("--nnodes 2", "--node_rank 1", "--nproc_per_node 4", "--rdzv-backend c10d",
+                 "--rdzv-endpoint node0:29500", "--max-restarts 3"):
+        assert part in text
+    assert cmd[-4:] == ["-m", "course_lib.train", "--epochs", "1"] and "--standalone" not in cmd
+    single = torchrun_command(["course_lib.train"], nproc_per_node=2)
+    assert "--standalone" in single and "--rdzv-endpoint" not in single
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"module_args": "course_lib.train"}, TypeError),
+    ({"module_args": []}, TypeError),
+    ({"nnodes": 0}, ValueError),
+    ({"nproc_per_node": True}, ValueError),
+    ({"nnodes": 2, "node_rank": 2, "rdzv_endpoint": "h:1"}, ValueError),
+    ({"nnodes": 2}, ValueError),                                 # several nodes need an endpoint
+    ({"rdzv_endpoint": "no-port"}, ValueError),
+    ({"max_restarts": -1}, ValueError),
+])
+def test_torchrun_command_rejects_bad_input(kwargs, error):
+    kwargs = {"module_args": ["course_lib.train"], **kwargs}
+    with pytest.raises(error):
+        torchrun_command(**kwargs)
+
+
+def test_run_commands_rejects_bad_timeout_and_env():
+    with pytest.raises(ValueError, match="timeout"):
+        run_commands([["true"]], timeout=0)
+    with pytest.raises(TypeError, match="env"):
+        run_commands([["true"], ["true"]], env=[{}])
+
+
+def test_last_json_and_whoami(monkeypatch):
+    assert last_json('log line\n{"world_size": 2}\n[1, 2]\nbye\n') == {"world_size": 2}
+    with pytest.raises(ValueError, match="no JSON object"):
+        last_json("no summary here\n[1]")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    me = whoami()
+    assert me["RANK"] == "3" and me["LOCAL_RANK"] == "1" and me["pid"] == os.getpid()
+
+
+# --- the process runner, without torch: fast ---------------------------------------------------
+
+HANGS_WITH_A_DETACHED_CHILD = textwrap.dedent("""
+    import subprocess, sys, time
+    # like torchrun: the worker is in a session of its own, out of reach of killpg(parent)
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    print("started", flush=True)
+    time.sleep(300)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_kills_the_whole_tree_including_detached_workers(marker):
+    cmd = [sys.executable, "-c", HANGS_WITH_A_DETACHED_CHILD]
+    (code, out, _, timed_out, pids), = run_commands([cmd], timeout=3, env={"COURSE_TEST_MARKER": marker}, grace=1)
+    assert timed_out and code != 0 and "started" in out
+    assert len(pids) >= 2 and not any(alive(p) for p in pids)
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_node_stops_the_others_after_the_grace_period(marker):
+    fail = [sys.executable, "-c", "import sys; print('node failed', file=sys.stderr); sys.exit(3)"]
+    hang = [sys.executable, "-c", "import time; time.sleep(300)"]
+    (c0, _, e0, t0, _), (c1, _, _, t1, pids) = run_commands([fail, hang], timeout=60, grace=1,
+                                                           env={"COURSE_TEST_MARKER": marker})
+    assert c0 == 3 and "node failed" in e0 and not t0 and not t1
+    assert c1 != 0 and not any(alive(p) for p in pids)
+
+
+# --- SLURM template ------------------------------------------------------------------------------
+
+def test_sbatch_template_is_valid_bash_and_runs_course_lib_train():
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True)
+    text = SBATCH.read_text()
+    assert "torch.distributed.run" in text and "-m course_lib.train --strategy ddp" in text
+    assert "scontrol show hostnames" in text and "--rdzv-backend c10d" in text and "#SBATCH --requeue" in text
+
+
+def test_sbatch_template_builds_the_torchrun_command(tmp_path):
+    """Run the script with stand-ins for srun, scontrol and python; check the argv torchrun gets."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fakes = {
+        "srun": '#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n',
+        "scontrol": '#!/bin/bash\n[[ $1 == show ]] && printf "gpu-a17\\ngpu-a18\\n"\n',
+        "fakepython": f'#!/bin/bash\nprintf "%s\\n" "$@" > "{tmp_path}/argv"\n',
+    }
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "fakepython"),
+           "SLURM_JOB_NODELIST": "gpu-a[17-18]", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NAME": "t",
+           "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_GPUS_ON_NODE": "4"}
+    done = subprocess.run(["bash", str(SBATCH), "--epochs", "2"], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    argv = (tmp_path / "argv").read_text().split("\n")[:-1]
+    text = " ".join(argv)
+    assert argv[:2] == ["-m", "torch.distributed.run"]
+    for part in ("--nnodes 2", "--node_rank 1", "--nproc_per_node 4", "--rdzv-endpoint gpu-a17:29500",
+                 "--rdzv-id 4242", "--max-restarts 3", "-m course_lib.train --strategy ddp",
+                 f"--checkpoint-dir {tmp_path}/checkpoints/t", "--resume"):
+        assert part in text, part
+    assert argv[-2:] == ["--epochs", "2"]
+    assert (tmp_path / "checkpoints" / "t").is_dir()
+
+
+# --- real torchrun ---------------------------------------------------------------------------------
+
+TRAIN = ["course_lib.train", "--strategy", "ddp", "--no-progress", "--json"]
+
+
+@needs_mnist
+@needs_ddp
+@pytest.mark.timeout(120)
+def test_two_nodes_on_localhost_train_as_one_world(marker):
+    results = run_nodes([*TRAIN, "--epochs", "1", "--train-subset", "256"], nnodes=2, nproc_per_node=1,
+                        timeout=100, env={"COURSE_TEST_MARKER": marker})
+    for r in results:
+        assert r.returncode == 0 and not r.timed_out, f"node {r.node_rank}:\n{r.stdout}\n{r.stderr[-3000:]}"
+    # c10d assigns the group ranks, so rank 0 (the one that prints) may sit on either torchrun.
+    summaries = [last_json(r.stdout) for r in results if any(line.startswith("{") for line in r.stdout.splitlines())]
+    assert len(summaries) == 1, [r.stdout for r in results]
+    assert summaries[0]["world_size"] == 2
+
+
+@needs_mnist
+@needs_fail_hook
+@pytest.mark.timeout(120)
+def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_with_the_same_weights(tmp_path, marker):
+    # 256 images, 2 ranks x 32 per batch: 4 steps per epoch, 8 in all; checkpoints at steps 3 and 6;
+    # rank 1 dies after step 5, so the restart resumes mid-epoch from step 3 and crosses an epoch.
+    args = [*TRAIN, "--epochs", "2", "--train-subset", "256", "--batch-size", "32", "--checkpoint-every", "3",
+            "--resume"]
+    # both runs at once (run_commands), each `torchrun --standalone --nproc_per_node 2 --max-restarts 1`
+    (code_a, _, err_a, _, _), (code_b, out_b, err_b, _, _) = run_commands(
+        [torchrun_command([*args, "--checkpoint-dir", str(tmp_path / name)], nproc_per_node=2, max_restarts=1)
+         for name in ("clean", "crash")],
+        env=[{"COURSE_TEST_MARKER": marker},
+             {"COURSE_TEST_MARKER": marker, "COURSE_FAIL_AT_STEP": "5", "COURSE_FAIL_RANK": "1"}], timeout=100)
+    assert code_a == 0, err_a[-3000:]
+    assert code_b == 0, err_b[-3000:]
+    assert "rank 1 exits at step 5" in err_b, "the failure hook did not fire:\n" + err_b[-3000:]
+    assert "resumed" in out_b.lower(), "the restarted group did not resume from the checkpoint:\n" + out_b
+    assert last_json(out_b)["world_size"] == 2
+    ckpt_a, ckpt_b = (load_checkpoint(tmp_path / name / "last.pt") for name in ("clean", "crash"))
+    assert ckpt_a["step"] == ckpt_b["step"] == 8
+    a, b = ckpt_a["model"], ckpt_b["model"]
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-7, msg=f"weights differ in {name}")
