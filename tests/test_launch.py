@@ -77,3 +77,9 @@ def test_free_port_can_be_bound():
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
     assert 1024 <= port < 65536
+
+
+def test_each_rank_gets_its_own_copy_of_tensor_arguments():
+    import torch
+    out = launch(workers.add_rank_in_place, 3, torch.zeros(2))
+    assert out == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]

@@ -6,7 +6,8 @@
 
 Each worker process is started with `spawn` (safe with threads and CUDA, and the only start method
 on macOS and Windows), joins a process group (gloo on CPU, nccl when every rank gets its own GPU)
-and calls `fn(rank, world_size, *args)`; the return values come back in rank order.
+and calls `fn(rank, world_size, *args)` on its own copy of `args` (as separate torchrun processes
+would have); the return values come back in rank order.
 
 What makes it safe to use in front of a class:
 - no port to choose: the launcher holds the rendezvous store itself, on a free port the OS picks;
@@ -21,6 +22,7 @@ cell): a spawned process re-imports it by name.
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import queue
@@ -68,6 +70,9 @@ def _exit_with_parent(parent_pid: int) -> None:
 def _worker(rank, world_size, backend, port, timeout_s, threads, parent_pid, fn, args, results):
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    # torch.multiprocessing passes tensors through shared memory: without a private copy, ranks that
+    # work in place (as all-reduce does) would all write into the same storage.
+    args = copy.deepcopy(args)
     torch.set_num_threads(threads)
     try:
         if backend == "nccl":

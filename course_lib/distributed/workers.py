@@ -41,3 +41,10 @@ def report_pid_then_sleep(rank: int, world_size: int, pid_dir: str) -> None:
         f.write(str(os.getpid()))
     while True:
         time.sleep(1)
+
+
+def add_rank_in_place(rank: int, world_size: int, t: torch.Tensor) -> list:
+    """Add this rank to `t` in place; each rank must see its own copy of `t`."""
+    t += rank
+    dist.barrier()
+    return t.tolist()
