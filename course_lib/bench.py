@@ -164,6 +164,38 @@ def ddp(data_dir=None, quick: bool = False) -> BenchResult:
     return run(quick)
 
 
+@register("pipeline")
+def pipeline(data_dir=None, quick: bool = False) -> BenchResult:
+    """GPipe on K=2 CPU processes: measured efficiency against the bubble model M/(M+K-1)."""
+    from .distributed.bench_pipeline import run
+
+    return run(quick)
+
+
+@register("sharding")
+def sharding(data_dir=None, quick: bool = False) -> BenchResult:
+    """Per-rank optimizer state under ZeRO-1 and per-rank parameter bytes under FSDP2, 2 ranks vs 1."""
+    from .distributed.bench_sharding import run
+
+    return run(quick)
+
+
+@register("precision")
+def precision(data_dir=None, quick: bool = False) -> BenchResult:
+    """bf16 autocast training of Net against fp32 on the same data: accuracy and speed."""
+    from .bench_precision import run
+
+    return run(data_dir, quick)
+
+
+@register("compression")
+def compression(data_dir=None, quick: bool = False) -> BenchResult:
+    """Deep Compression of LeNet-300-100 and LeNet-5, int8 inference and structured pruning against fp32."""
+    from .compression.bench_compression import run
+
+    return run(data_dir, quick)
+
+
 def run_benchmark(name: str, data_dir=None, quick: bool = False) -> BenchResult:
     """Run the benchmark registered as `name` (one of BENCHMARKS)."""
     if name not in BENCHMARKS:
@@ -197,8 +229,10 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"\n{result.title}\n{format_table(result.rows)}")
-    extra = f", {result.summary['speedup_vs_workers2']}x vs 2 workers" if "speedup_vs_workers2" in result.summary else ""
-    print(f"speedup: {result.summary['speedup']}x{extra}")
+    if "speedup" in result.summary:
+        extra = (f", {result.summary['speedup_vs_workers2']}x vs 2 workers"
+                 if "speedup_vs_workers2" in result.summary else "")
+        print(f"speedup: {result.summary['speedup']}x{extra}")
     if args.json:
         print(json.dumps(result.summary))
     return 0

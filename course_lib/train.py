@@ -117,8 +117,13 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
     model.train()
     total, seen = 0.0, 0
     batches = itertools.islice(loader, skip_batches, None)
+    # A DataLoader over an IterableDataset (a ShardStream) may not know its length: no total then.
+    try:
+        n_batches = max(len(loader) - skip_batches, 0)
+    except TypeError:
+        n_batches = None
     # Pass `disable` only to switch the bar off: an explicit value would override TQDM_DISABLE.
-    for i, (x, y) in enumerate(tqdm(batches, desc=desc, leave=False, total=max(len(loader) - skip_batches, 0),
+    for i, (x, y) in enumerate(tqdm(batches, desc=desc, leave=False, total=n_batches,
                                     **({} if progress else {"disable": True})), start=skip_batches + 1):
         x, y = _to((x, y), device)
         optimizer.zero_grad(set_to_none=True)

@@ -9,7 +9,7 @@ from course_lib import bench
 
 
 def test_unknown_benchmark_names_the_available_ones(capsys):
-    with pytest.raises(ValueError, match="available: allreduce, cpu-mnist, ddp, loader"):
+    with pytest.raises(ValueError, match="available: allreduce, compression, cpu-mnist, ddp, loader, pipeline, precision, sharding"):
         bench.run_benchmark("nope")
     assert bench.main(["nope"]) == 2
     assert "unknown benchmark 'nope'" in capsys.readouterr().err

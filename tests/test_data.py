@@ -195,6 +195,21 @@ def test_shardstream_shuffle_changes_with_set_epoch(tmp_path):
     assert in_process != second and loader_labels(stream, 1) == in_process
 
 
+def test_fit_trains_on_a_shardstream_dataloader(tmp_path):
+    """A DataLoader over an IterableDataset has no len(): fit must still train and advance epochs."""
+    from torch import nn
+
+    from course_lib.train import fit
+
+    paths, _, _ = make_shards(tmp_path, n=40, shard_size=8)
+    stream = ShardStream(paths, shuffle=True, seed=0)
+    loader = DataLoader(stream, batch_size=8, num_workers=0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(25, 40))
+    history = fit(model, loader, epochs=2, lr=1e-2, progress=True, log=None)
+    assert len(history.train_loss) == 2 and len(history.step_loss) == 2 * 5
+    assert stream.epoch == 1, "fit called set_epoch on the stream each epoch"
+
+
 def test_shards_bad_inputs(tmp_path):
     images, labels = torch.zeros(4, 2, 2, dtype=torch.uint8), torch.arange(4)
     for bad in (0, -3, 1.5):
