@@ -1,0 +1,141 @@
+"""Checks for solutions/12_pruning_exercises.ipynb: magnitude masks, global masks, structured pruning.
+
+Every expected answer comes from torch.nn.utils.prune itself (l1_unstructured, global_unstructured,
+ln_structured) applied to the same weights, plus two properties where ties leave torch's choice
+open: exactly round(amount * numel) weights go, and no pruned |w| is larger than a kept one.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils import prune
+
+from . import expect, passed
+
+# (numel, amount) where floor, ceil and round-half-up disagree with round(): 2.5 -> 2, 7.5 -> 8, 3.5 -> 4
+ROUNDING_CASES = ((10, 0.25), (10, 0.75), (10, 0.35), (12, 0.5), (7, 0.3), (20, 0.125))
+
+
+def _weights(shape, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _as_mask(mask, weight: torch.Tensor, what: str) -> torch.Tensor:
+    expect(isinstance(mask, torch.Tensor), f"{what} returned {type(mask).__name__}; expected a torch.Tensor mask")
+    expect(mask.shape == weight.shape,
+           f"{what}: the mask has shape {tuple(mask.shape)}; it must have the weight's shape {tuple(weight.shape)}")
+    mask = mask.detach().float()
+    expect(bool(((mask == 0) | (mask == 1)).all()), f"{what}: a mask holds only 0 (pruned) and 1 (kept)")
+    return mask
+
+
+def _torch_mask(weight: torch.Tensor, amount: float) -> torch.Tensor:
+    holder = nn.Module()
+    holder.weight = nn.Parameter(weight.clone())
+    prune.l1_unstructured(holder, "weight", amount)
+    return holder.weight_mask
+
+
+def _expect_magnitude_mask(mask, weight, amount, what) -> None:
+    """Compared with prune.l1_unstructured; `weight` must have no ties in |w|."""
+    mask = _as_mask(mask, weight, what)
+    want = _torch_mask(weight, amount)
+    pruned, want_pruned = int((mask == 0).sum()), int((want == 0).sum())
+    expect(pruned == want_pruned,
+           f"{what}: pruned {pruned} of {weight.numel()} weights; torch prunes round({amount} * {weight.numel()}) "
+           f"= {want_pruned}. Hint: use Python's round() (it rounds halves to even: round(2.5) == 2), not int() "
+           "or math.ceil().")
+    if 0 < pruned < weight.numel():
+        expect(bool(weight.abs()[mask == 0].max() <= weight.abs()[mask == 1].min()),
+               f"{what}: some pruned weight is larger in magnitude than a kept one. Prune the *smallest* |w| "
+               "(abs first: -3.0 is a big weight, not a small one).")
+    expect(torch.equal(mask, want), f"{what}: the mask differs from torch.nn.utils.prune.l1_unstructured's.")
+
+
+def check_magnitude_mask(magnitude_mask) -> None:
+    """`magnitude_mask(weight, amount)` -> 0/1 mask pruning the round(amount * numel) smallest |w|."""
+    for i, (shape, amount) in enumerate((((30, 20), 0.5), ((300, 784), 0.9), ((20, 1, 5, 5), 0.3), ((50,), 0.0))):
+        weight = _weights(shape, seed=i)
+        _expect_magnitude_mask(magnitude_mask(weight, amount), weight, amount,
+                               f"magnitude_mask(weight of shape {shape}, amount={amount})")
+    for numel, amount in ROUNDING_CASES:
+        weight = _weights((numel,), seed=numel)
+        _expect_magnitude_mask(magnitude_mask(weight, amount), weight, amount,
+                               f"magnitude_mask(weight with {numel} values, amount={amount})")
+    signed = torch.tensor([-5.0, 0.1, -0.2, 4.0, -3.0, 0.3, 2.0, -0.05])
+    _expect_magnitude_mask(magnitude_mask(signed, 0.5), signed, 0.5, f"magnitude_mask({signed.tolist()}, 0.5)")
+    ties = torch.tensor([1.0, -1.0, 1.0, 2.0, -1.0, 3.0, 1.0, -2.0, 0.5, 1.0])
+    mask = _as_mask(magnitude_mask(ties, 0.4), ties, "magnitude_mask(weight with ties, 0.4)")
+    expect(int((mask == 0).sum()) == 4,
+           f"magnitude_mask({ties.tolist()}, 0.4) pruned {int((mask == 0).sum())} weights; exactly 4 must go even "
+           "though five weights tie at |w| = 1. A threshold (|w| <= 4th smallest) prunes every tie; take the k "
+           "smallest instead (torch.topk(..., largest=False)).")
+    expect(bool(mask[8] == 0) and bool(mask[[3, 5, 7]].eq(1).all()), "with ties: 0.5 must be pruned, 2, 3 and -2 kept")
+    passed("magnitude_mask")
+
+
+def check_global_masks(global_masks) -> None:
+    """`global_masks(weights, amount)` -> a list of masks with one threshold over all weights."""
+    layers = [nn.Linear(64, 48), nn.Linear(48, 32), nn.Linear(32, 10)]
+    with torch.no_grad():   # different scales, as after training: global differs from per-layer
+        for i, (layer, scale) in enumerate(zip(layers, (0.2, 1.0, 3.0))):
+            layer.weight.copy_(_weights(layer.weight.shape, seed=100 + i, scale=scale))
+    weights = [layer.weight.detach().clone() for layer in layers]
+    for amount in (0.5, 0.8, 0.35):
+        masks = global_masks([w.clone() for w in weights], amount)
+        expect(isinstance(masks, (list, tuple)) and len(masks) == len(weights),
+               f"global_masks must return a list with one mask per weight ({len(weights)}); got {type(masks).__name__}")
+        masks = [_as_mask(m, w, f"global_masks(..., {amount}) mask {i}") for i, (m, w) in enumerate(zip(masks, weights))]
+        copies = [nn.Linear(l.in_features, l.out_features) for l in layers]
+        for layer, w in zip(copies, weights):
+            layer.weight = nn.Parameter(w.clone())
+        prune.global_unstructured([(layer, "weight") for layer in copies], prune.L1Unstructured, amount=amount)
+        wants = [layer.weight_mask for layer in copies]
+        total = sum(w.numel() for w in weights)
+        got_pruned, want_pruned = sum(int((m == 0).sum()) for m in masks), sum(int((m == 0).sum()) for m in wants)
+        expect(got_pruned == want_pruned,
+               f"global_masks(..., {amount}) pruned {got_pruned} weights in all; expected round({amount} * {total}) "
+               f"= {want_pruned} over all layers together.")
+        fractions = [round(float((m == 0).float().mean()), 3) for m in masks]
+        want_fractions = [round(float((m == 0).float().mean()), 3) for m in wants]
+        expect(fractions == want_fractions,
+               f"global_masks(..., {amount}): layers are pruned {fractions}, torch's global_unstructured prunes "
+               f"{want_fractions}. One threshold over all weights (concatenate them, then prune the smallest |w|) "
+               "prunes a layer of small weights more; per-layer pruning gives every layer the same fraction.")
+        for i, (m, want) in enumerate(zip(masks, wants)):
+            expect(torch.equal(m, want), f"global_masks(..., {amount}): mask {i} differs from global_unstructured's.")
+    passed("global_masks")
+
+
+def check_neurons_to_keep(neurons_to_keep) -> None:
+    """`neurons_to_keep(weight, amount)` -> sorted row indices that ln_structured(n=2, dim=0) keeps."""
+    g = torch.Generator().manual_seed(12)
+    spiky = torch.zeros(6, 40)
+    spiky[:, 0] = torch.linspace(2.0, 3.0, 6)            # one big entry: large L2, small L1
+    flat = torch.full((6, 40), 0.3) * torch.linspace(0.9, 1.1, 6)[:, None]   # many small: large L1, small L2
+    mixed = torch.cat([spiky, flat, 0.5 * torch.randn(8, 40, generator=g)])[torch.randperm(20, generator=g)]
+    cases = [(mixed, 0.5), (mixed, 0.3), (_weights((100, 300), seed=7), 0.5), (_weights((15, 8), seed=8), 0.25)]
+    for weight, amount in cases:
+        what = f"neurons_to_keep(weight of shape {tuple(weight.shape)}, amount={amount})"
+        got = neurons_to_keep(weight.clone(), amount)
+        try:
+            got = [int(i) for i in got]
+        except (TypeError, ValueError):
+            raise AssertionError(f"{what} returned {type(got).__name__}; expected a list of row indices") from None
+        holder = nn.Module()
+        holder.weight = nn.Parameter(weight.clone())
+        prune.ln_structured(holder, "weight", amount, n=2, dim=0)
+        want = holder.weight_mask.any(dim=1).nonzero().flatten().tolist()
+        rows = weight.shape[0]
+        expect(all(0 <= i < rows for i in got),
+               f"{what} returned indices outside range({rows}): neurons are the rows (dim 0) of a Linear weight "
+               "[out_features, in_features], not its columns.")
+        expect(len(got) == len(want),
+               f"{what} keeps {len(got)} neurons; expected {rows} - round({amount} * {rows}) = {len(want)}. "
+               "Return the neurons that stay, and count with round() as torch does.")
+        expect(got == sorted(got), f"{what} returned {got}: return the kept indices in increasing order")
+        expect(got == want,
+               f"{what} keeps {got}, torch.nn.utils.prune.ln_structured(n=2, dim=0) keeps {want}. Rank each row "
+               "by its L2 norm (weight.norm(dim=1)) and keep the largest: not the weakest rows, and not the L1 norm, "
+               "which ranks one big weight below many small ones.")
+    passed("neurons_to_keep")
