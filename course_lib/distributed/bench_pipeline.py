@@ -1,0 +1,182 @@
+"""Benchmark: GPipe on K = 2 processes, measured efficiency against the bubble model M/(M+K-1).
+
+    python -m course_lib.bench pipeline --json      # M = 1, 2, 4, 8; key efficiency_vs_model
+    python -m course_lib.bench pipeline --quick     # M = 1, 4 and fewer steps (what the tests run)
+
+Each rank holds one stage: `layers` x (Linear(1024, 1024), ReLU) on micro-batches of 64 rows, one
+thread per rank. A stage's forward+backward of one micro-batch takes tens of ms on one core, while
+sending its activation (64 x 1024 fp32 = 256 KB) over gloo on localhost takes well under 1 ms
+(`send_ms` below): the stages are compute-bound, as the bubble model assumes.
+
+How "measured efficiency" is defined (no figure here comes from the model):
+- solo_k: median time of stage k's forward+backward on one micro-batch, measured while the other
+  rank waits in a barrier (so stage k has the machine to itself); T = sum_k solo_k.
+- ideal time of a step with M micro-batches = M * T / K (all K ranks busy all the time, no bubble);
+- wall = median over steps of the time between a barrier before and one after the pipelined step;
+- measured efficiency = ideal / wall; predicted efficiency = 1 - bubble = M / (M + K - 1).
+So everything that costs time in the real pipeline counts against it: the bubble, communication,
+waits, stage imbalance, and two ranks competing for caches and memory bandwidth (or other load on
+the machine). `busy_fraction` = (sum over ranks of time spent in forward/backward) / (K * wall) is
+reported too: it ignores slowdowns under contention, so it is an upper bound.
+
+efficiency_vs_model = min over the measured M >= 4 of (measured / predicted); target >= 0.85.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import schedules
+from .launch import launch
+from .pipeline import StepResult, device_of_rank, run_schedule, sync
+
+K = 2
+MS, QUICK_MS = (1, 2, 4, 8), (1, 4)
+
+
+class _Sleep(torch.autograd.Function):
+    """Stands in for compute: sleeps `ms` in forward and 2*ms in backward (as backward is ~2x forward)."""
+
+    @staticmethod
+    def forward(ctx, x, ms):
+        ctx.ms = ms
+        time.sleep(ms / 1e3)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(2 * ctx.ms / 1e3)
+        return grad, None
+
+
+class SleepStage(nn.Module):
+    """A tiny Linear plus a sleep: a stage whose duration does not depend on free cores (K > cores)."""
+
+    def __init__(self, width: int, ms: float):
+        super().__init__()
+        self.linear, self.ms = nn.Linear(width, width), ms
+
+    def forward(self, x):
+        return _Sleep.apply(self.linear(x), self.ms)
+
+
+def make_stage(work: str, width: int, layers: int, sleep_ms: float) -> nn.Module:
+    """"matmul": layers x (Linear(width, width), ReLU); "sleep": SleepStage(width, sleep_ms)."""
+    if work == "matmul":
+        return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())])
+    if work == "sleep":
+        return SleepStage(width, sleep_ms)
+    raise ValueError(f"work must be 'matmul' or 'sleep'; got {work!r}")
+
+
+def _loss(out, target):
+    return out.square().mean()
+
+
+def _solo_seconds(stage, x, rank: int, world_size: int, reps: int) -> float:
+    """Median seconds of this stage's forward+backward on one micro-batch, alone (others wait at a barrier)."""
+    times = []
+    for r in range(world_size):
+        dist.barrier()
+        if r != rank:
+            continue
+        for i in range(reps + 2):                        # two warm-up repetitions
+            inp = x.clone().requires_grad_(rank > 0)
+            sync(x.device)
+            t0 = time.perf_counter()
+            out = stage(inp)
+            if rank == world_size - 1:
+                _loss(out, None).backward()
+            else:
+                out.backward(torch.ones_like(out))
+            sync(x.device)
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+    dist.barrier()
+    return statistics.median(times)
+
+
+def _send_seconds(x, rank: int, reps: int = 10) -> float:
+    """One-way time of sending `x` between ranks 0 and 1 (half a round trip, median)."""
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(x, 1)
+            dist.recv(x, 1)
+        elif rank == 1:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+        times.append((time.perf_counter() - t0) / 2)
+    return statistics.median(times)
+
+
+def pipeline_timing(rank: int, world_size: int, Ms=MS, steps: int = 10, micro_batch: int = 64, width: int = 1024,
+                    layers: int = 4, work: str = "matmul", sleep_ms: float = 10.0, schedule: str = "gpipe") -> dict:
+    """Worker: this rank's solo time, send time, and per M the wall and busy seconds of pipelined steps.
+
+    Returns {"solo_s", "send_s", "by_M": {M: {"wall_s", "busy_s", "events"}}} (median step; events of it).
+    """
+    torch.manual_seed(rank)
+    device = device_of_rank()
+    stage = make_stage(work, width, layers, sleep_ms).to(device)
+    x = torch.randn(micro_batch, width, device=device)
+    out = {"solo_s": _solo_seconds(stage, x, rank, world_size, reps=max(3, steps)),
+           "send_s": _send_seconds(x.clone(), rank) if world_size > 1 else 0.0, "by_M": {}}
+    shapes = [x.shape] * (world_size + 1)
+    for M in Ms:
+        stage_order = schedules.order(schedule, world_size, M)[rank]
+        runs = []
+        for step in range(steps + 1):                    # step 0 is a warm-up
+            stage.zero_grad()
+            dist.barrier()
+            t0 = time.perf_counter()
+            result: StepResult = run_schedule(stage, stage_order, [x] * M, [None] * M, shapes, _loss, t0)
+            dist.barrier()
+            if step:
+                runs.append((time.perf_counter() - t0, sum(e - s for _, _, s, e in result.events), result.events))
+        wall, busy, events = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+        out["by_M"][M] = {"wall_s": wall, "busy_s": busy, "events": events}
+    return out
+
+
+def summarize(results: list, Ms) -> list[dict]:
+    """Per M: predicted and measured efficiency (see the module docstring) from the ranks' results."""
+    world = len(results)
+    total_solo = sum(r["solo_s"] for r in results)
+    rows = []
+    for M in Ms:
+        wall = max(r["by_M"][M]["wall_s"] for r in results)
+        predicted = 1 - schedules.bubble_fraction(world, M)
+        measured = M * total_solo / world / wall
+        rows.append({"M": M, "predicted": round(predicted, 3), "measured": round(measured, 3),
+                     "measured/predicted": round(measured / predicted, 3),
+                     "busy fraction": round(sum(r["by_M"][M]["busy_s"] for r in results) / (world * wall), 3),
+                     "wall ms": round(1e3 * wall, 1), "ideal ms": round(1e3 * M * total_solo / world, 1)})
+    return rows
+
+
+def run(quick: bool = False):
+    """GPipe on 2 ranks for several M; returns a course_lib.bench.BenchResult."""
+    from ..bench import BenchResult
+
+    Ms, steps = (QUICK_MS, 3) if quick else (MS, 10)
+    results = launch(pipeline_timing, K, Ms, steps, timeout=600)
+    rows = summarize(results, Ms)
+    solo = [r["solo_s"] for r in results]
+    ratios = [r["measured/predicted"] for r in rows if r["M"] >= 4]
+    summary = {"benchmark": "pipeline", "efficiency_vs_model": min(ratios),
+               "efficiency_vs_model_is": "min over M >= 4 of measured / predicted efficiency",
+               "rows": [{k: r[k] for k in ("M", "predicted", "measured", "busy fraction")} for r in rows],
+               "stage_solo_ms": [round(1e3 * s, 2) for s in solo],
+               "stage_imbalance": round(max(solo) / (sum(solo) / len(solo)), 3),
+               "send_ms": round(1e3 * max(r["send_s"] for r in results), 3),
+               "K": K, "micro_batch": 64, "width": 1024, "layers_per_stage": 4, "threads_per_rank": 1,
+               "steps": steps, "quick": quick}
+    return BenchResult(f"GPipe on K={K} ranks (4 x Linear(1024) per stage, micro-batch 64, one thread per rank): "
+                       f"measured efficiency = M x sum(solo stage times) / K / wall", rows, summary)
