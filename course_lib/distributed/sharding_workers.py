@@ -1,0 +1,127 @@
+"""Workers for `launch` that measure sharded training against DDP (notebook 10, bench sharding).
+
+    from course_lib.distributed.launch import launch
+    from course_lib.distributed.sharding_workers import measure_fsdp, measure_zero
+    launch(measure_zero, 2)    # per rank: optimizer-state bytes of Adam, ZeRO-1, ours; weight differences
+    launch(measure_fsdp, 2)    # per rank: parameter/gradient/state bytes and losses, FSDP2 vs DDP
+
+Both train `shard_friendly_mlp` on each rank's own random MNIST-shaped batches (the same batches
+for every variant), so the variants must agree to rounding: sharding changes where the numbers
+live, not what they are.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..validate import positive_int
+from .ddp import _device
+from .sharding import (ShardedOptimizer, gradient_bytes, optimizer_state_bytes, parameter_bytes,
+                       shard_model)
+
+
+def shard_friendly_mlp(width: int = 784, depth: int = 4) -> nn.Sequential:
+    """784 -> width (x depth layers, ReLU) -> 10: [N,1,28,28] or [N,784] -> [N,10].
+
+    With width 784 the `depth` weight matrices are all 784x784, so ZeroRedundancyOptimizer (which
+    hands out WHOLE tensors, largest first, to the least-loaded rank) splits them evenly over 2 or 4
+    ranks; only the 10x784 head and the biases cannot be balanced (about 0.1% off a half). Every
+    first dimension is even, so FSDP2's dim-0 halves are exact.
+    """
+    positive_int("width", width)
+    positive_int("depth", depth)
+    layers = [nn.Flatten(), nn.Linear(784, width), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def _batches(rank: int, steps: int, batch: int, device):
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [(torch.randn(batch, 784, generator=g).to(device), torch.randint(0, 10, (batch,), generator=g).to(device))
+            for _ in range(steps)]
+
+
+def _train(model, optimizer, batches) -> list[float]:
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _max_diff(a: nn.Module, b: nn.Module) -> float:
+    return max((_full(p.detach()) - _full(q.detach())).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+def measure_zero(rank: int, world_size: int, steps: int = 3, width: int = 784, depth: int = 4, batch: int = 32,
+                 lr: float = 1e-3) -> dict:
+    """Worker: `steps` Adam steps three ways from the same weights, on this rank's own batches.
+
+    "adam": DDP + Adam (every rank keeps the whole state); "zero1": DDP + ZeroRedundancyOptimizer(Adam);
+    "manual": ShardedOptimizer(Adam), no DDP. Returns this rank's optimizer-state bytes of each
+    ("state_bytes"), its parameter bytes, the losses, max |weight - DDP + Adam's weight| ("max_diff"),
+    and the names of the parameters whose state ZeRO-1 gave this rank ("zero1_owns").
+    """
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    positive_int("steps", steps)
+    device = _device()
+    torch.manual_seed(0)
+    base = shard_friendly_mlp(width, depth).to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    adam_model, zero_model = (nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids) for _ in range(2))
+    manual_model = copy.deepcopy(base)
+    zero = ZeroRedundancyOptimizer(zero_model.parameters(), torch.optim.Adam, lr=lr)
+    runs = {"adam": (adam_model, torch.optim.Adam(adam_model.parameters(), lr=lr)), "zero1": (zero_model, zero),
+            "manual": (manual_model, ShardedOptimizer(manual_model.parameters(), torch.optim.Adam, lr=lr))}
+    batches = _batches(rank, steps, batch, device)
+    losses = {name: _train(model, opt, batches) for name, (model, opt) in runs.items()}
+    names = {id(p): n for n, p in zero_model.module.named_parameters()}
+    return {"state_bytes": {"adam": optimizer_state_bytes(runs["adam"][1]), "zero1": optimizer_state_bytes(zero.optim),
+                            "manual": optimizer_state_bytes(runs["manual"][1].optimizer)},
+            "param_bytes": parameter_bytes(base), "losses": losses,
+            "max_diff": {name: _max_diff(model, adam_model) for name, (model, _) in runs.items() if name != "adam"},
+            "zero1_owns": [names[id(p)] for group in zero.optim.param_groups for p in group["params"]]}
+
+
+def measure_fsdp(rank: int, world_size: int, steps: int = 5, width: int = 784, depth: int = 4, batch: int = 32,
+                 lr: float = 1e-3) -> dict:
+    """Worker: the same model under DDP + Adam and under FSDP2 (`shard_model`) + Adam, same batches.
+
+    Returns per-step losses of both ("losses"), this rank's bytes of parameters, gradients (after the
+    last backward) and optimizer state under each ("param_bytes", "grad_bytes", "state_bytes"),
+    max |FSDP weight - DDP weight| at the end, and {name: [global shape, this rank's shard shape]}.
+    """
+    positive_int("steps", steps)
+    device = _device()
+    torch.manual_seed(0)
+    base = shard_friendly_mlp(width, depth).to(device)
+    ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(base),
+                                              device_ids=[device.index] if device.type == "cuda" else None)
+    fsdp = shard_model(copy.deepcopy(base))
+    ddp_opt, fsdp_opt = torch.optim.Adam(ddp.parameters(), lr=lr), torch.optim.Adam(fsdp.parameters(), lr=lr)
+    batches = _batches(rank, steps, batch, device)
+    losses = {"ddp": _train(ddp, ddp_opt, batches), "fsdp": _train(fsdp, fsdp_opt, batches)}
+    out = {"losses": losses, "max_diff": _max_diff(fsdp, ddp.module),
+           "shapes": {n: [list(p.shape), list(p.to_local().shape)] for n, p in fsdp.named_parameters()}}
+    for key, count in (("param_bytes", parameter_bytes), ("grad_bytes", gradient_bytes)):
+        out[key] = {"ddp": count(ddp.module), "fsdp": count(fsdp)}
+    out["state_bytes"] = {"ddp": optimizer_state_bytes(ddp_opt), "fsdp": optimizer_state_bytes(fsdp_opt)}
+    return out
+
+
+def measure_sharding(rank: int, world_size: int, steps: int = 3, width: int = 784, depth: int = 4) -> dict:
+    """Worker: {"zero": measure_zero(...), "fsdp": measure_fsdp(...)}, one process start-up for both."""
+    return {"zero": measure_zero(rank, world_size, steps, width, depth),
+            "fsdp": measure_fsdp(rank, world_size, steps, width, depth)}

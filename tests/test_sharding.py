@@ -1,0 +1,131 @@
+"""ZeRO memory formulas, the hand-sharded optimizer, FSDP2 helpers and the sharding benchmark."""
+import json
+
+import matplotlib
+import pytest
+import torch
+
+from course_lib import bench
+from course_lib.distributed import sharding
+from course_lib.distributed.launch import launch
+from course_lib.distributed.sharding_workers import measure_sharding, shard_friendly_mlp
+
+matplotlib.use("Agg")
+
+
+def test_zero_memory_reproduces_the_papers_7_5b_example():
+    """Rajbhandari et al. 2020, Figure 1: Ψ = 7.5B, K = 12, N = 64."""
+    gb = [sharding.zero_memory(7.5e9, 64, stage)["total"] / 1e9 for stage in range(4)]
+    assert [round(g, 1) for g in gb] == [120.0, 31.4, 16.6, 1.9]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_memory_components(stage):
+    psi, n, k = 1000, 8, 12
+    m = sharding.zero_memory(psi, n, stage, k)
+    assert m["parameters"] == 2 * psi / (n if stage == 3 else 1)
+    assert m["gradients"] == 2 * psi / (n if stage >= 2 else 1)
+    assert m["optimizer_states"] == k * psi / (n if stage >= 1 else 1)
+    assert m["total"] == pytest.approx(m["parameters"] + m["gradients"] + m["optimizer_states"])
+    assert sharding.zero_memory(psi, 1, stage, k)["total"] == (4 + k) * psi   # one rank: nothing to shard
+    assert sharding.zero_memory(psi, n, stage, 8)["total"] < m["total"]
+
+
+def test_zero_communication_is_ddp_volume_until_stage_3():
+    ddp = sharding.zero_communication(1e6, 4, 0)
+    assert ddp == pytest.approx(2 * 3 / 4 * 1e6)
+    assert [sharding.zero_communication(1e6, 4, s) / ddp for s in (1, 2, 3)] == pytest.approx([1, 1, 1.5])
+    assert sharding.zero_communication(1e6, 1, 3) == 0
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: sharding.zero_memory(100, 2, 4), "stage"),
+    (lambda: sharding.zero_memory(100, 2, True), "stage"),
+    (lambda: sharding.zero_memory(0, 2, 1), "num_params"),
+    (lambda: sharding.zero_memory(100, 0, 1), "world_size"),
+    (lambda: sharding.zero_memory(100, 2, 1, k=0), "k"),
+    (lambda: sharding.zero_communication(100, 2, -1), "stage"),
+    (lambda: sharding.shard_range(10, 4, 4), "rank"),
+    (lambda: sharding.shard_range(0, 0, 4), "n"),
+])
+def test_bad_arguments_are_refused_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_plot_draws_one_line_per_variant():
+    import matplotlib.pyplot as plt
+
+    ax = sharding.plot_zero_memory(7.5e9, world_sizes=(1, 8, 64))
+    assert len(ax.get_lines()) == 4
+    assert ax.get_lines()[0].get_ydata()[0] == pytest.approx(120.0)
+    plt.close("all")
+
+
+@pytest.mark.parametrize("n, world", [(10, 4), (12, 4), (5, 4), (1, 3), (7, 1), (1000, 7)])
+def test_shard_range_matches_torch_chunk_and_covers_everything(n, world):
+    chunks = torch.arange(n).chunk(world)
+    covered = []
+    for rank in range(world):
+        start, stop = sharding.shard_range(n, rank, world)
+        expected = chunks[rank].tolist() if rank < len(chunks) else []
+        assert list(range(start, stop)) == expected
+        covered += range(start, stop)
+    assert covered == list(range(n))
+
+
+def test_byte_counters_on_a_plain_model():
+    model = shard_friendly_mlp(width=16, depth=2)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert sharding.parameter_bytes(model) == 4 * n_params and sharding.gradient_bytes(model) == 0
+    opt = torch.optim.Adam(model.parameters())
+    torch.nn.functional.cross_entropy(model(torch.randn(3, 784)), torch.tensor([0, 1, 2])).backward()
+    opt.step()
+    assert sharding.gradient_bytes(model) == 4 * n_params
+    # exp_avg and exp_avg_sq like every parameter, plus one 4-byte `step` per parameter tensor
+    n_tensors = len(list(model.parameters()))
+    assert sharding.optimizer_state_bytes(opt) == 2 * 4 * n_params + 4 * n_tensors
+
+
+@pytest.fixture(scope="module")
+def three_ranks():
+    """measure_zero and measure_fsdp on 3 ranks, width 62: 53,206 parameters (not a multiple of 3)."""
+    return launch(measure_sharding, 3, 3, 62, 2, timeout=240)
+
+
+def test_hand_sharded_and_zero1_equal_ddp_adam_on_3_ranks_with_padding(three_ranks):
+    results = [r["zero"] for r in three_ranks]
+    n = sum(p.numel() for p in shard_friendly_mlp(62, 2).parameters())
+    assert n % 3 != 0
+    shard = -(-n // 3)
+    for r in results:
+        # 3 ranks sum the gradients in another order than DDP's all-reduce (and /3 rounds); Adam's
+        # normalised step turns that rounding into ~1e-6 of weight: a thousandth of one step of lr 1e-3.
+        assert r["max_diff"]["manual"] < 1e-5 and r["max_diff"]["zero1"] < 1e-5
+        assert r["losses"]["manual"] == pytest.approx(r["losses"]["adam"], abs=1e-5)
+        assert r["state_bytes"]["manual"] == 2 * 4 * shard + 4          # exp_avg, exp_avg_sq, one step
+    assert r["state_bytes"]["adam"] == 2 * 4 * n + 4 * len(list(shard_friendly_mlp(62, 2).parameters()))
+    owned = sorted(name for r in results for name in r["zero1_owns"])
+    assert owned == sorted(name for name, _ in shard_friendly_mlp(62, 2).named_parameters())   # each once
+
+
+def test_fsdp_equals_ddp_and_the_shards_add_up_on_3_ranks(three_ranks):
+    results = [r["fsdp"] for r in three_ranks]
+    for r in results:
+        assert r["losses"]["fsdp"] == pytest.approx(r["losses"]["ddp"], abs=1e-5)
+        assert r["max_diff"] < 1e-5
+    for key in ("param_bytes", "grad_bytes"):
+        assert sum(r[key]["fsdp"] for r in results) == results[0][key]["ddp"]
+    assert results[0]["shapes"]["1.weight"] == [[62, 784], [21, 784]]      # torch.chunk of dim 0: 21, 21, 20
+    assert results[2]["shapes"]["1.weight"] == [[62, 784], [20, 784]]
+    assert results[2]["shapes"]["5.weight"] == [[10, 62], [2, 62]]          # 10 rows: 4, 4, 2
+
+
+def test_sharding_benchmark_quick(capsys):
+    assert bench.main(["sharding", "--quick", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"benchmark", "quick", "zero1_state_ratio", "fsdp_param_ratio", "manual_state_ratio", "data"} <= set(summary)
+    assert summary["benchmark"] == "sharding" and summary["quick"] is True
+    assert summary["zero1_state_ratio"] == pytest.approx(0.5, rel=0.05)
+    assert summary["fsdp_param_ratio"] == pytest.approx(0.5, rel=0.05)
+    assert summary["zero1_max_weight_diff"] < 1e-6 and summary["fsdp_max_loss_diff"] < 1e-5

@@ -1,0 +1,77 @@
+"""The train CLI with --strategy fsdp: under torchrun against ddp, resumed after a killed rank, misuse refused."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import needs_mnist
+from course_lib import train
+from course_lib.checkpoint import load_checkpoint
+from course_lib.distributed.multinode import last_json, run_commands, torchrun_command
+from course_lib.models import LeNet300
+
+# lenet300 has no dropout; 256 images, 2 ranks x 32 per batch: 4 steps per epoch, 8 in all.
+COMMON = ["course_lib.train", "--model", "lenet300", "--epochs", "2", "--train-subset", "256", "--batch-size", "32",
+          "--checkpoint-every", "3", "--resume", "--no-progress", "--json"]
+
+
+def parse(args):
+    return train.build_parser().parse_args(args)
+
+
+@needs_mnist
+@pytest.mark.timeout(240)
+def test_fsdp_under_torchrun_equals_ddp_even_after_a_killed_rank_restarts(tmp_path):
+    """ddp runs clean; fsdp loses rank 1 after step 5, restarts from the step-3 checkpoint, and must end
+    where ddp ended: same data order, same starting weights (rank 0's), gradients averaged either way."""
+    env = {"TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    (code_d, out_d, err_d, _, _), (code_f, out_f, err_f, _, _) = run_commands(
+        [torchrun_command([*COMMON, "--strategy", strategy, "--checkpoint-dir", str(tmp_path / strategy)],
+                          nproc_per_node=2, max_restarts=1) for strategy in ("ddp", "fsdp")],
+        env=[env, {**env, "COURSE_FAIL_AT_STEP": "5", "COURSE_FAIL_RANK": "1"}], timeout=220)
+    assert code_d == 0, err_d[-3000:]
+    assert code_f == 0, err_f[-3000:]
+    assert "rank 1 exits at step 5" in err_f, "the failure hook did not fire:\n" + err_f[-3000:]
+    assert "resumed" in out_f.lower(), "the restarted group did not resume from the checkpoint:\n" + out_f
+    ddp, fsdp = last_json(out_d), last_json(out_f)
+    assert fsdp["strategy"] == "fsdp" and fsdp["world_size"] == 2 and fsdp["global_batch_size"] == 64
+    assert fsdp["parameters"] == 266_610 and fsdp["images_per_second_note"] == "sum over ranks"
+    assert 0.5 < fsdp["test_accuracy"] <= 1.0
+    assert fsdp["test_accuracy"] == pytest.approx(ddp["test_accuracy"], abs=2e-3)
+
+    a, b = load_checkpoint(tmp_path / "ddp" / "last.pt"), load_checkpoint(tmp_path / "fsdp" / "last.pt")
+    assert a["step"] == b["step"] == 8 and b["world_size"] == 2
+    LeNet300().load_state_dict(b["model"])       # rank 0 wrote full, unsharded tensors
+    for key in a["model"]:
+        torch.testing.assert_close(b["model"][key], a["model"][key], rtol=1e-4, atol=1e-5, msg=f"weights differ in {key}")
+
+
+@pytest.fixture
+def one_rank_launch(monkeypatch):
+    """The environment torchrun gives one process, with a rendezvous store held by this test."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for var, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "RANK": "0", "WORLD_SIZE": "1",
+                       "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(var, value)
+    yield
+    assert not dist.is_initialized(), "train.run left the process group open"
+
+
+@needs_mnist
+def test_checkpoints_resume_only_with_the_strategy_family_that_wrote_them(tmp_path, one_rank_launch):
+    args = ["--model", "lenet300", "--epochs", "1", "--train-subset", "128", "--batch-size", "64", "--no-progress"]
+    fsdp = train.run(parse(args + ["--strategy", "fsdp", "--checkpoint-dir", str(tmp_path / "f")]))
+    assert fsdp["world_size"] == 1 and fsdp["strategy"] == "fsdp"
+    single = train.run(parse(args + ["--strategy", "ddp", "--checkpoint-dir", str(tmp_path / "s")]))
+    assert fsdp["test_accuracy"] == pytest.approx(single["test_accuracy"], abs=1e-3)   # 1 rank: nothing sharded
+    with pytest.raises(SystemExit, match="written without --strategy fsdp"):
+        train.run(parse(args + ["--epochs", "2", "--strategy", "fsdp", "--resume", "--checkpoint-dir", str(tmp_path / "s")]))
+    with pytest.raises(SystemExit, match="written with --strategy fsdp"):
+        train.run(parse(args + ["--epochs", "2", "--strategy", "ddp", "--resume", "--checkpoint-dir", str(tmp_path / "f")]))
+
+
+def test_fsdp_without_a_launcher_says_how_to_start_it(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(SystemExit, match="torchrun .*--strategy fsdp"):
+        train.run(parse(["--epochs", "1", "--strategy", "fsdp"]))
