@@ -2,6 +2,7 @@
 
     python -m course_lib.train                                  # Net on MNIST, defaults below
     python -m course_lib.train --model lenet300 --epochs 3 --json
+    python -m course_lib.train --precision bf16 --json          # bf16 autocast; 16 = fp16 + GradScaler (CUDA)
     python -m course_lib.train --checkpoint-dir runs/a --resume   # continue after a crash
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy ddp --json
     torchrun --nnodes 2 --node_rank 0 --rdzv-backend c10d --rdzv-endpoint HOST:PORT --nproc_per_node 4 \
@@ -16,6 +17,13 @@ device, ...); under DDP images_per_second is the sum over ranks and --batch-size
 DistributedDataParallel; each rank trains on its own shard of the data each epoch
 (`distributed.ddp.ShardedTensorLoader`, DistributedSampler's order); rank 0 downloads the data
 first, then the others load it; rank 0 alone logs and writes checkpoints, behind a barrier.
+
+--strategy fsdp (under torchrun): the same launch and data, but the model is sharded with FSDP2
+(`distributed.sharding.shard_model`: rank 0's weights, then `fully_shard` per layer): each rank
+keeps half (1/N) of the parameters, gradients and Adam state. Checkpoints hold FULL state dicts
+gathered to rank 0 (`get_model_state_dict(..., full_state_dict=True, cpu_offload=True)`): the
+model part loads into an unsharded model; --resume re-shards them (fsdp checkpoints resume with
+fsdp only: their optimizer state is keyed by parameter name).
 
 Fault tolerance: --checkpoint-every N writes DIR/last.pt atomically every N optimizer steps
 (model, optimizer, scheduler, every rank's RNG, epoch, step); --resume continues from it, mid-
@@ -41,8 +49,10 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from .precision import PRECISIONS, autocast, check_precision, grad_scaler
+
 OPTIMIZERS = ("sgd", "adam", "adamw")
-STRATEGIES = ("single", "ddp")
+STRATEGIES = ("single", "ddp", "fsdp")
 
 
 @dataclass
@@ -108,11 +118,14 @@ def evaluate(model: nn.Module, loader, device=None) -> tuple[float, float]:
 
 def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, scheduler=None,
                 history: History | None = None, desc: str = "train", progress: bool = True,
-                skip_batches: int = 0, on_step_end=None) -> tuple[float, int]:
+                skip_batches: int = 0, on_step_end=None, precision: str = "32", scaler=None) -> tuple[float, int]:
     """One pass over `loader`; returns (mean loss, number of samples).
 
     skip_batches: leave out the first k batches (resuming mid-epoch: they were trained already).
     on_step_end(batches_done): called after each optimizer step, batches_done counting skipped ones.
+    precision: "32", "bf16" or "16" (`course_lib.precision`): autocast for the forward and loss;
+    `scaler` (a GradScaler, fp16) scales the loss and skips steps whose gradients overflowed;
+    the scheduler does not advance on a skipped step.
     """
     model.train()
     total, seen = 0.0, 0
@@ -127,10 +140,19 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
                                     **({} if progress else {"disable": True})), start=skip_batches + 1):
         x, y = _to((x, y), device)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        optimizer.step()
-        if scheduler is not None:
+        with autocast(precision, device):
+            loss = loss_fn(model(x), y)
+        stepped = True
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)           # unscales; skips the step if a gradient is inf/nan
+            scale = scaler.get_scale()
+            scaler.update()
+            stepped = scaler.get_scale() >= scale   # a skipped step halved the scale
+        if scheduler is not None and stepped:
             scheduler.step()
         value = loss.item()
         total += value * len(y)
@@ -144,7 +166,8 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
 
 def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, optimizer=None,
         lr: float = 1e-3, device=None, loss_fn=F.cross_entropy, scheduler=None, progress: bool = True,
-        log=print, start_epoch: int = 0, on_epoch_end=None, skip_batches: int = 0, on_step_end=None) -> History:
+        log=print, start_epoch: int = 0, on_epoch_end=None, skip_batches: int = 0, on_step_end=None,
+        precision: str = "32") -> History:
     """Train `model` for `epochs` passes over `train_loader`; evaluate on `val_loader` each epoch.
 
     optimizer defaults to Adam(lr). `scheduler` is stepped every batch. `on_epoch_end(epoch,
@@ -152,14 +175,18 @@ def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, opt
     training only, not evaluation. `log=None` silences the per-epoch line (non-zero ranks).
     skip_batches: batches of the first epoch already trained (resume mid-epoch);
     `on_step_end(epoch, batches_done)` runs after every optimizer step.
+    precision: "32" (default), "bf16" (autocast; CPU or GPU) or "16" (autocast + GradScaler; CUDA
+    only). The parameters stay fp32 (the master weights); evaluation runs in fp32.
     """
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int; got {epochs!r}")
     if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
         raise ValueError(f"skip_batches must be a non-negative int; got {skip_batches!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    check_precision(precision, device)
     model.to(device)
     optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
+    scaler = grad_scaler(precision, device)
     history = History()
     for epoch in range(start_epoch, start_epoch + epochs):
         # Reshuffle per epoch wherever the order lives: our loaders, a DistributedSampler, a ShardStream.
@@ -172,7 +199,8 @@ def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, opt
         step_hook = None if on_step_end is None else (lambda done, e=epoch: on_step_end(e, done))
         loss, seen = train_epoch(model, train_loader, optimizer, device, loss_fn, scheduler, history,
                                  desc=f"epoch {epoch + 1}", progress=progress,
-                                 skip_batches=skip_batches if epoch == start_epoch else 0, on_step_end=step_hook)
+                                 skip_batches=skip_batches if epoch == start_epoch else 0, on_step_end=step_hook,
+                                 precision=precision, scaler=scaler)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - t0
@@ -251,7 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write DIR/last.pt every STEPS optimizer steps (resume continues mid-epoch)")
     p.add_argument("--resume", action="store_true", help="continue from DIR/last.pt if it exists")
     p.add_argument("--strategy", choices=STRATEGIES, default="single",
-                   help="ddp: DistributedDataParallel, one process per rank (launch with torchrun)")
+                   help="ddp: DistributedDataParallel; fsdp: FSDP2, parameters/gradients/optimizer state sharded "
+                        "over the ranks; both one process per rank (launch with torchrun)")
+    p.add_argument("--precision", choices=PRECISIONS, default="32",
+                   help="bf16: bfloat16 autocast (CPU or GPU); 16: fp16 autocast + GradScaler (CUDA only)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
@@ -268,7 +299,7 @@ def _fail_hook(rank: int, global_step: int) -> None:
 
 
 def _setup_strategy(args, info):
-    """(device, is_ddp): checks the launch, and joins the process group for ddp."""
+    """(device, is_distributed): checks the launch, and joins the process group for ddp and fsdp."""
     from .env import get_device
 
     if args.strategy == "single":
@@ -277,14 +308,14 @@ def _setup_strategy(args, info):
                              "model on all the data. Use --strategy ddp, or run one process without torchrun.")
         return get_device(args.device), False
     if "MASTER_ADDR" not in os.environ:
-        raise SystemExit("--strategy ddp needs a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR, e.g.\n"
-                         "  torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy ddp")
+        raise SystemExit(f"--strategy {args.strategy} needs a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR, e.g.\n"
+                         f"  torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy {args.strategy}")
     device = get_device(args.device)
     if device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
     elif device.type != "cpu":
-        raise SystemExit(f"--strategy ddp runs on CPU (gloo) or CUDA (nccl), not {device.type}")
+        raise SystemExit(f"--strategy {args.strategy} runs on CPU (gloo) or CUDA (nccl), not {device.type}")
     timeout = datetime.timedelta(minutes=10)
     # After a torchrun restart the rendezvous store still holds the dead attempt's addresses:
     # give each attempt its own key space, or ranks would connect to the old, gone peers.
@@ -320,9 +351,11 @@ def _train(args, info, device, ddp: bool) -> dict:
     from .checkpoint import load_checkpoint, save_checkpoint
     from .data import load_tensors, mnist_loaders
     from .distributed.ddp import ShardedTensorLoader
+    from .distributed.sharding import full_state_dicts, load_full_state_dicts, shard_model
     from .env import seed_everything
     from .models import build_model, count_parameters
 
+    check_precision(args.precision, device, name="--precision")   # before any data is loaded
     dist = torch.distributed
     log = (print if not ddp else (lambda line: print(f"[rank 0 of {info.world_size}] {line}", flush=True))) \
         if info.is_main else None
@@ -336,6 +369,9 @@ def _train(args, info, device, ddp: bool) -> dict:
         train_loader = ShardedTensorLoader(*train_loader.tensors, batch_size=args.batch_size, rank=info.rank,
                                            world_size=info.world_size, seed=args.seed)
     model = build_model(args.model).to(device)
+    fsdp = args.strategy == "fsdp"
+    if fsdp:
+        shard_model(model)                   # before the optimizer: it must see the sharded parameters
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr)
     steps_per_epoch = len(train_loader)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, epochs=args.epochs,
@@ -346,8 +382,15 @@ def _train(args, info, device, ddp: bool) -> dict:
         state = load_checkpoint(ckpt_path, map_location=device)
         if state["model_name"] != args.model:
             raise SystemExit(f"{ckpt_path} holds a {state['model_name']!r} model, not --model {args.model!r}")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        by_name = isinstance(state["optimizer"]["param_groups"][0]["params"][0], str)   # fsdp wrote it
+        if by_name != fsdp:
+            raise SystemExit(f"{ckpt_path} was written {'with' if by_name else 'without'} --strategy fsdp; resume it "
+                             f"{'with' if by_name else 'without'} fsdp (fsdp keys optimizer state by parameter name)")
+        if fsdp:
+            load_full_state_dicts(model, optimizer, state["model"], state["optimizer"])
+        else:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         rngs = state.get("rng_per_rank")
         rng = rngs[info.rank] if rngs and len(rngs) == info.world_size else state["rng"]
@@ -357,7 +400,7 @@ def _train(args, info, device, ddp: bool) -> dict:
         if log:
             log(f"resumed from {ckpt_path} at epoch {start + 1}, batch {skip} (global step {state.get('step')})")
     train_model = model
-    if ddp:
+    if args.strategy == "ddp":
         train_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                                           else None)
 
@@ -370,11 +413,14 @@ def _train(args, info, device, ddp: bool) -> dict:
         if ddp:
             rngs = [None] * info.world_size
             dist.all_gather_object(rngs, rng)
+        # fsdp: a collective that gathers the full (unsharded) state dicts to rank 0
+        model_state, optimizer_state = (full_state_dicts(model, optimizer) if fsdp
+                                        else (model.state_dict(), optimizer.state_dict()))
         if info.is_main:
             save_checkpoint(ckpt_path, {"model_name": args.model, "epoch": epoch, "batches_done": batches_done,
                                         "step": epoch * steps_per_epoch + batches_done,
-                                        "world_size": info.world_size, "model": model.state_dict(),
-                                        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                        "world_size": info.world_size, "model": model_state,
+                                        "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                                         "rng": rng, "rng_per_rank": rngs})
         if ddp:
             dist.barrier()
@@ -392,13 +438,14 @@ def _train(args, info, device, ddp: bool) -> dict:
     history = fit(train_model, train_loader, test_loader, epochs=max(args.epochs - start, 0), optimizer=optimizer,
                   device=device, scheduler=scheduler, progress=not args.no_progress and info.is_main, log=log,
                   start_epoch=start, skip_batches=skip, on_step_end=on_step_end,
-                  on_epoch_end=lambda epoch, _h: checkpoint(epoch, steps_per_epoch))
+                  on_epoch_end=lambda epoch, _h: checkpoint(epoch, steps_per_epoch), precision=args.precision)
     test_loss, test_acc = evaluate(model, test_loader, device)
     rate = torch.tensor([history.mean_images_per_second], dtype=torch.float64, device=device)
     if ddp:
         dist.all_reduce(rate)                # throughput of the whole job: the sum over ranks
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
-            "strategy": args.strategy, "world_size": info.world_size, "epochs": args.epochs,
+            "strategy": args.strategy, "precision": args.precision, "world_size": info.world_size,
+            "epochs": args.epochs,
             "epochs_run": len(history.train_loss), "batch_size": args.batch_size,
             "global_batch_size": args.batch_size * info.world_size, "lr": args.lr, "optimizer": args.optimizer,
             "seed": args.seed, "train_samples": train_loader.dataset_size, "test_samples": test_loader.dataset_size,
