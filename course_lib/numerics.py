@@ -190,10 +190,13 @@ def quantize(x: torch.Tensor, scale: float, zero_point: int, dtype=torch.int8) -
     """Linear quantization q = clamp(round(x / scale) + zero_point, qmin, qmax), same shape.
 
     round() is half-to-even (as torch.quantize_per_tensor); the clamp saturates instead of
-    letting the integer wrap around (200 would otherwise become -56 in int8).
+    letting the integer wrap around (200 would otherwise become -56 in int8). Like torch's
+    kernels we multiply by the float32 reciprocal of the scale: x / scale rounds differently
+    for values a hair from a half step.
     """
     qmin, qmax = _check_qparams(scale, zero_point, dtype)
-    q = torch.round(torch.as_tensor(x, dtype=torch.float32) / scale) + zero_point
+    inverse = 1.0 / torch.tensor(scale, dtype=torch.float32)
+    q = torch.round(torch.as_tensor(x, dtype=torch.float32) * inverse) + zero_point
     return q.clamp(qmin, qmax).to(dtype)
 
 

@@ -108,6 +108,17 @@ def test_quantize_rounds_half_even_and_saturates():
     assert torch.equal(q, ref.int_repr())
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+@pytest.mark.parametrize("scale", [0.1, 0.03, 0.007, 1 / 3])
+def test_quantize_matches_pytorch_at_near_ties(scale):
+    """Values at, and one float32 step either side of, every half step: where x/scale and
+    x*(1/scale) can round apart. torch multiplies by the reciprocal; so must we."""
+    halves = ((torch.arange(-120, 120, dtype=torch.float32) + 0.5) * scale)
+    x = torch.cat([halves, torch.nextafter(halves, halves + 1), torch.nextafter(halves, halves - 1)])
+    ref = torch.quantize_per_tensor(x, scale, 3, torch.qint8).int_repr()
+    assert torch.equal(quantize(x, scale, 3), ref)
+
+
 def test_choose_qparams_matches_minmax_observer():
     from torch.ao.quantization import MinMaxObserver
 

@@ -1,0 +1,203 @@
+"""Checks for solutions/13_quantization_exercises.ipynb: linear quantization, fake-quant with a
+straight-through estimator, k-means weight sharing.
+
+Compared against PyTorch's own torch.fake_quantize_per_tensor_affine (values and gradient), its
+MinMaxObserver where this torch still has one, and the properties Lloyd's algorithm guarantees.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from . import expect, expect_close, passed
+
+RANGES = [(-128, 127), (0, 255), (-8, 7), (0, 15)]
+QTYPES = {(-128, 127): torch.qint8, (0, 255): torch.quint8}
+
+
+def _grid_cases(scale: float, seed: int = 0) -> torch.Tensor:
+    """Random values, values far out of range, and for a power-of-two scale the exact halves of the
+    grid (how ties round). Other scales get no ties: there x / scale and PyTorch's x * (1 / scale)
+    can differ in the last bit, and so round a near-tie differently."""
+    g = torch.Generator().manual_seed(seed)
+    halves = (torch.arange(-40, 40, dtype=torch.float32) + 0.5) * scale
+    cases = [torch.randn(200, generator=g) * 40 * scale, torch.tensor([1e4, -1e4]) * scale]
+    return torch.cat(cases + ([halves] if scale == 2.0 ** round(torch.tensor(scale).log2().item()) else []))
+
+
+def _reference_q(x, scale, zero_point, qmin, qmax) -> torch.Tensor:
+    """PyTorch's integers, read back from its fake-quantized values."""
+    fq = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, qmin, qmax)
+    return (torch.round(fq / scale) + zero_point).to(torch.int64)
+
+
+def check_linear_quantize(linear_quantize, linear_dequantize) -> None:
+    """`linear_quantize(x, scale, zero_point, qmin, qmax)` -> integer tensor and
+    `linear_dequantize(q, scale, zero_point)` -> float tensor, equal to PyTorch's."""
+    for i, (qmin, qmax) in enumerate(RANGES):
+        for scale in (0.5, 0.0173):
+            zero_point = (qmin + qmax + 1) // 2 - 3
+            x = _grid_cases(scale, seed=i)
+            q = linear_quantize(x, scale, zero_point, qmin, qmax)
+            expect(isinstance(q, torch.Tensor) and q.shape == x.shape,
+                   f"linear_quantize must return a tensor of x's shape {tuple(x.shape)}")
+            expect(not q.is_floating_point(), f"linear_quantize returned {q.dtype}: quantized values are "
+                   "integers. Hint: finish with .to(torch.int32) (or int64).")
+            ref = _reference_q(x, scale, zero_point, qmin, qmax)
+            q = q.to(torch.int64)
+            expect(q.min() >= qmin and q.max() <= qmax,
+                   f"qmin={qmin}, qmax={qmax}: got integers from {q.min().item()} to {q.max().item()}. Values "
+                   "outside the range must saturate at qmin/qmax (clamp), or they would wrap around.")
+            bad = q != ref
+            if bad.any():
+                t = (x[bad] / scale).tolist()[:3]
+                halves = bool(torch.all(((x[bad] / scale) % 1 - 0.5).abs() < 1e-4))
+                expect(False, f"qmin={qmin}, qmax={qmax}, scale={scale}, zero_point={zero_point}: "
+                       f"{int(bad.sum())} of {len(x)} integers differ from PyTorch's, e.g. x/scale={t}: "
+                       f"expected {ref[bad][:3].tolist()}, got {q[bad][:3].tolist()}. Hint: "
+                       + ("only the exact halves differ: torch.round rounds halves to even, as PyTorch's "
+                          "kernels do; floor(x/scale + 0.5) rounds them up." if halves else
+                          "q = clamp(round(x / scale) + zero_point, qmin, qmax): round to nearest, not floor; "
+                          "add the zero point (do not subtract it)."))
+            if hasattr(torch, "quantize_per_tensor") and (qmin, qmax) in QTYPES:   # deprecated in torch 2.14
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    theirs = torch.quantize_per_tensor(x, scale, zero_point, QTYPES[qmin, qmax]).int_repr()
+                expect(torch.equal(q, theirs.to(torch.int64)), "linear_quantize differs from torch.quantize_per_tensor")
+            fq = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, qmin, qmax)
+            expect_close(linear_dequantize(ref, scale, zero_point), fq, f"linear_dequantize (scale={scale}, "
+                         f"zero_point={zero_point})", atol=1e-5, rtol=1e-6,
+                         hint="x_hat = (q - zero_point) * scale, as a float tensor.")
+    passed("linear_quantize / linear_dequantize")
+
+
+def _torch_minmax_qparams(x, qmin, qmax):
+    """PyTorch's MinMaxObserver (torch.ao, deprecated; or its torchao copy), or None if neither exists."""
+    for module in ("torch.ao.quantization.observer", "torchao.quantization.pt2e"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                observer = __import__(module, fromlist=["MinMaxObserver"]).MinMaxObserver(
+                    dtype=torch.quint8 if qmin >= 0 else torch.qint8, quant_min=qmin, quant_max=qmax)
+        except (ImportError, AttributeError):
+            continue
+        observer(x)
+        scale, zero_point = observer.calculate_qparams()
+        return scale.item(), int(zero_point.item())
+    return None
+
+
+def check_linear_qparams(linear_qparams) -> None:
+    """`linear_qparams(x, qmin, qmax) -> (scale: float, zero_point: int)` from x's min and max."""
+    g = torch.Generator().manual_seed(0)
+    cases = {"mixed signs": torch.randn(500, generator=g) * 2 + 0.5,
+             "all positive (like ReLU outputs)": torch.rand(500, generator=g) * 3 + 2,
+             "all negative": -torch.rand(500, generator=g) * 4 - 1}
+    for name, x in cases.items():
+        for qmin, qmax in RANGES:
+            got = linear_qparams(x, qmin, qmax)
+            expect(isinstance(got, tuple) and len(got) == 2, "linear_qparams must return (scale, zero_point)")
+            scale, zero_point = got
+            scale = float(scale)
+            expect(float(zero_point) == round(float(zero_point)), f"zero_point must be an integer; got {zero_point}")
+            zero_point = int(zero_point)
+            expect(scale > 0, f"{name}, range {qmin}..{qmax}: scale must be > 0; got {scale}")
+            expect(qmin <= zero_point <= qmax, f"{name}, range {qmin}..{qmax}: zero_point {zero_point} is outside "
+                   "the integer range. Hint: zero_point = qmin - round(lo / scale), clamped to [qmin, qmax]; "
+                   "check its sign.")
+            lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+            fq = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, qmin, qmax)
+            worst = (fq - x).abs().max().item()
+            expect(worst <= scale / 2 * 1.001 + 1e-6,
+                   f"{name}, range {qmin}..{qmax}: some x is off by {worst:.3g} after quantize/dequantize, more "
+                   f"than scale/2 = {scale / 2:.3g}: the grid does not cover [min(x), max(x)]. Hint: use "
+                   "lo = min(x.min(), 0), hi = max(x.max(), 0) (0 must be in the range, so that 0.0 is exact), "
+                   "scale = (hi - lo) / (qmax - qmin), zero_point = qmin - round(lo / scale).")
+            expect(scale <= (hi - lo) / (qmax - qmin) * (1 + 1e-5),
+                   f"{name}, range {qmin}..{qmax}: scale {scale:.4g} is larger than needed "
+                   f"({(hi - lo) / (qmax - qmin):.4g}): levels are wasted. Hint: divide by qmax - qmin.")
+            theirs = _torch_minmax_qparams(x, qmin, qmax)
+            if theirs is not None:
+                expect(abs(scale - theirs[0]) <= 1e-5 * theirs[0] and zero_point == theirs[1],
+                       f"{name}, range {qmin}..{qmax}: PyTorch's MinMaxObserver gives scale={theirs[0]:.6g}, "
+                       f"zero_point={theirs[1]}; got {scale:.6g}, {zero_point}.")
+    passed("linear_qparams")
+
+
+def check_fake_quant_ste(fake_quant_ste) -> None:
+    """`fake_quant_ste(x, scale, zero_point, qmin, qmax)`: values and gradient of
+    torch.fake_quantize_per_tensor_affine (straight-through inside the range, 0 where clamped)."""
+    for qmin, qmax in RANGES:
+        scale, zero_point = 0.05, (qmin + qmax + 1) // 2
+        x = (torch.randn(400, generator=torch.Generator().manual_seed(qmax)) * (qmax - qmin) * scale / 3)
+        x = x.requires_grad_()
+        ours = fake_quant_ste(x, scale, zero_point, qmin, qmax)
+        theirs = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, qmin, qmax)
+        expect_close(ours.detach(), theirs.detach(), f"fake_quant_ste values (range {qmin}..{qmax})", atol=1e-6,
+                     hint="forward: (clamp(round(x / scale) + zero_point, qmin, qmax) - zero_point) * scale.")
+        expect(ours.requires_grad, "the output has no gradient: round() must not cut x out of the graph. "
+               "Hint: the straight-through estimator, e.g. x + (x_hat - x).detach() times a mask, or an "
+               "autograd.Function whose backward passes the gradient through.")
+        upstream = torch.linspace(-1, 1, len(x))
+        (g_ours,) = torch.autograd.grad(ours, x, upstream)
+        (g_theirs,) = torch.autograd.grad(theirs, x, upstream)
+        clipped = g_theirs == 0
+        expect(torch.equal(g_ours[~clipped], g_theirs[~clipped]),
+               f"range {qmin}..{qmax}: inside the range the gradient must pass straight through (times 1); "
+               "round() itself has zero gradient almost everywhere, which would stop training.")
+        expect(torch.equal(g_ours, g_theirs),
+               f"range {qmin}..{qmax}: {int((g_ours[clipped] != 0).sum())} values were clamped to qmin/qmax but "
+               "still got a gradient. PyTorch (and QAT) block the gradient where clamp saturated: nudging "
+               "such an x changes nothing in the output.")
+    passed("fake_quant_ste")
+
+
+def _kmeans_call(kmeans_quantize, w, k, iters):
+    got = kmeans_quantize(w, k, iters)
+    expect(isinstance(got, tuple) and len(got) == 2, "kmeans_quantize must return (centroids, indices)")
+    centroids, indices = got
+    expect(isinstance(centroids, torch.Tensor) and centroids.shape == (k,),
+           f"centroids must be a tensor of shape ({k},); got {getattr(centroids, 'shape', type(centroids))}")
+    expect(isinstance(indices, torch.Tensor) and indices.shape == w.shape and not indices.is_floating_point(),
+           f"indices must be an integer tensor of the weight's shape {tuple(w.shape)}")
+    expect(indices.min() >= 0 and indices.max() < k, f"indices must lie in 0..{k - 1}")
+    return centroids.detach().float(), indices.long()
+
+
+def check_kmeans_quantize(kmeans_quantize) -> None:
+    """`kmeans_quantize(weight, k, iters) -> (centroids [k], indices)`: linear init, Lloyd's algorithm."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.cat([torch.randn(1500, generator=g) * 0.05 - 0.1, torch.randn(900, generator=g) * 0.02 + 0.15,
+                   torch.tensor([0.4, -0.35] * 50)]).reshape(25, 100)
+    for k in (4, 16):
+        c0, i0 = _kmeans_call(kmeans_quantize, w, k, 0)
+        expect_close(c0, torch.linspace(w.min().item(), w.max().item(), k), f"centroids with iters=0 (k={k})",
+                     atol=1e-6, hint="linear initialisation as in Deep Compression: k values evenly spaced from "
+                     "w.min() to w.max() (torch.linspace), not random and not quantiles.")
+        torch.manual_seed(1)
+        c1, i1 = _kmeans_call(kmeans_quantize, w, k, 200)   # enough iterations to converge
+        torch.manual_seed(2)
+        c2, i2 = _kmeans_call(kmeans_quantize, w, k, 200)
+        expect(torch.equal(c1, c2) and torch.equal(i1, i2), f"k={k}: two calls gave different results: the "
+               "result must not depend on the random seed. Hint: the linear initialisation is deterministic.")
+        shared = c1[i1]
+        expect(shared.unique().numel() <= k, f"k={k}: the shared weights take more than k distinct values")
+        dist = (w.reshape(-1, 1) - c1).abs()
+        mine = dist.gather(1, i1.reshape(-1, 1)).squeeze(1)
+        expect(bool((mine <= dist.min(1).values + 1e-6).all()),
+               f"k={k}: {int((mine > dist.min(1).values + 1e-6).sum())} weights are not mapped to their nearest "
+               "centroid. Hint: indices = (w[..., None] - centroids).abs().argmin(-1), computed from the final "
+               "centroids (after the last update).")
+        for j in range(k):
+            members = w[i1 == j]
+            if len(members):
+                expect(abs(c1[j].item() - members.double().mean().item()) < 1e-5,
+                       f"k={k}: centroid {j} is {c1[j].item():.5f} but the mean of its {len(members)} weights is "
+                       f"{members.double().mean().item():.5f}. Hint: each iteration moves every centroid to the "
+                       "mean of the weights assigned to it (keep it where it is if none are).")
+        start = c0[i0]
+        err, bound = (shared - w).pow(2).mean().item(), (start - w).pow(2).mean().item()
+        expect(err <= bound + 1e-9, f"k={k}: mean squared error {err:.3g} is worse than the linear start's "
+               f"{bound:.3g}: Lloyd's iterations can only lower it.")
+    passed("kmeans_quantize")

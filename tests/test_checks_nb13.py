@@ -1,0 +1,143 @@
+"""The checks of exercise notebook 13 pass the reference solutions and fail stubs and wrong answers."""
+import pytest
+import torch
+
+from course_lib.checks.nb13 import check_fake_quant_ste, check_kmeans_quantize, check_linear_qparams, check_linear_quantize
+from nbtools import ROOT, notebook_namespace
+
+NS = notebook_namespace(ROOT / "solutions" / "13_quantization_exercises.ipynb")
+quantize, dequantize = NS["linear_quantize"], NS["linear_dequantize"]
+
+
+def stub(*args):
+    raise NotImplementedError()
+
+
+def test_reference_solutions_pass():
+    check_linear_qparams(NS["linear_qparams"])
+    check_linear_quantize(quantize, dequantize)
+    check_fake_quant_ste(NS["fake_quant_ste"])
+    check_kmeans_quantize(NS["kmeans_quantize"])
+
+
+def test_the_library_versions_pass_too():
+    from course_lib.compression import kmeans, quantization as Q
+
+    check_linear_quantize(lambda x, s, z, lo, hi: x.mul(1 / torch.tensor(s)).round().add(z).clamp(lo, hi).int(),
+                          lambda q, s, z: (q.float() - z) * s)
+    check_fake_quant_ste(lambda x, s, z, lo, hi: Q._FakeQuantSTE.apply(x, torch.tensor(s), torch.tensor(float(z)), lo, hi))
+    check_kmeans_quantize(lambda w, k, iters: kmeans.kmeans_quantize(w, k, iters))
+
+
+def test_stubs_fail():
+    with pytest.raises(NotImplementedError):
+        check_linear_qparams(stub)
+    with pytest.raises(NotImplementedError):
+        check_linear_quantize(stub, stub)
+    with pytest.raises(NotImplementedError):
+        check_linear_quantize(quantize, stub)
+    with pytest.raises(NotImplementedError):
+        check_fake_quant_ste(stub)
+    with pytest.raises(NotImplementedError):
+        check_kmeans_quantize(stub)
+
+
+def qparams_without_zero(x, qmin, qmax):
+    lo, hi = x.min().item(), x.max().item()
+    scale = (hi - lo) / (qmax - qmin)
+    return scale, int(min(max(qmin - round(lo / scale), qmin), qmax))
+
+
+def qparams_zero_point_sign(x, qmin, qmax):
+    lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+    scale = (hi - lo) / (qmax - qmin)
+    return scale, qmin + round(lo / scale)
+
+
+def qparams_too_many_levels(x, qmin, qmax):
+    lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+    scale = (hi - lo) / (qmax - qmin + 1)
+    return scale, int(min(max(qmin - round(lo / scale), qmin), qmax))
+
+
+def qparams_unrounded(x, qmin, qmax):
+    lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+    scale = (hi - lo) / (qmax - qmin)
+    return scale, qmin - lo / scale
+
+
+def qparams_symmetric(x, qmin, qmax):
+    m = x.abs().max().item()
+    return 2 * m / (qmax - qmin), (qmin + qmax + 1) // 2
+
+
+@pytest.mark.parametrize("wrong", [qparams_without_zero, qparams_zero_point_sign, qparams_too_many_levels,
+                                   qparams_unrounded, qparams_symmetric])
+def test_wrong_qparams_fail(wrong):
+    with pytest.raises(AssertionError):
+        check_linear_qparams(wrong)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda x, s, z, lo, hi: (torch.round(x / s) + z).int(),                           # no clamp
+    lambda x, s, z, lo, hi: (torch.floor(x / s) + z).clamp(lo, hi).int(),             # floor
+    lambda x, s, z, lo, hi: (torch.floor(x / s + 0.5) + z).clamp(lo, hi).int(),       # halves round up
+    lambda x, s, z, lo, hi: (torch.round(x / s) - z).clamp(lo, hi).int(),             # zero-point sign
+    lambda x, s, z, lo, hi: torch.round(x / s + z).clamp(lo, hi),                     # float result
+    lambda x, s, z, lo, hi: torch.round((x - z) / s).clamp(lo, hi).int(),             # z in float units
+])
+def test_wrong_quantize_fails(wrong):
+    with pytest.raises(AssertionError):
+        check_linear_quantize(wrong, dequantize)
+
+
+@pytest.mark.parametrize("wrong", [lambda q, s, z: q.float() * s - z, lambda q, s, z: (q.float() + z) * s,
+                                   lambda q, s, z: q.float() / s - z])
+def test_wrong_dequantize_fails(wrong):
+    with pytest.raises(AssertionError):
+        check_linear_quantize(quantize, wrong)
+
+
+def fq(x, s, z, lo, hi):
+    return (torch.round(x / s) + z).clamp(lo, hi).sub(z).mul(s)
+
+
+@pytest.mark.parametrize("wrong", [
+    fq,                                                                    # round(): zero gradient
+    lambda x, s, z, lo, hi: x + (fq(x, s, z, lo, hi) - x).detach(),        # STE without the clamp mask
+    lambda x, s, z, lo, hi: fq(x, s, z, lo, hi).detach(),                  # no gradient at all
+    lambda x, s, z, lo, hi: x + (torch.round(x / s) * s - x).detach(),     # no zero point, no clamp
+])
+def test_wrong_fake_quant_ste_fails(wrong):
+    with pytest.raises(AssertionError):
+        check_fake_quant_ste(wrong)
+
+
+def lloyd(weight, k, iters, init, update=True, nearest=lambda d: d.abs().argmin(1)):
+    w = weight.reshape(-1)
+    centroids = init(w, k)
+    for _ in range(iters):
+        indices = nearest(w[:, None] - centroids[None, :])
+        for j in range(k):
+            if update and (indices == j).any():
+                centroids[j] = w[indices == j].mean()
+    return centroids, nearest(w[:, None] - centroids[None, :]).reshape(weight.shape)
+
+
+def linear(w, k):
+    return torch.linspace(w.min().item(), w.max().item(), k)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda w, k, iters: lloyd(w, k, iters, lambda v, k: v[torch.randperm(len(v))[:k]].clone()),      # random init
+    lambda w, k, iters: lloyd(w, k, iters, lambda v, k: torch.rand(k) * (v.max() - v.min()) + v.min()),
+    lambda w, k, iters: lloyd(w, k, iters, lambda v, k: v.quantile(torch.linspace(0, 1, k))),         # density init
+    lambda w, k, iters: lloyd(w, k, iters, linear, update=False),                                      # not updated
+    lambda w, k, iters: lloyd(w, k, iters, linear, nearest=lambda d: d.argmin(1)),                      # no abs
+    lambda w, k, iters: lloyd(w, k, iters, lambda v, k: torch.linspace(0, 1, k)),                       # wrong range
+])
+def test_wrong_kmeans_fails(wrong):
+    torch.manual_seed(0)
+    with pytest.raises(AssertionError):
+        check_kmeans_quantize(wrong)
+
