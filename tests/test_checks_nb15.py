@@ -1,0 +1,168 @@
+"""The lecture-15 checks pass the reference solutions and fail stubs and plausible wrong answers."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib.checks.nb15 import check_distillation_loss, check_pareto_front
+from course_lib.compression import distillation, inference
+from nbtools import ROOT, notebook_namespace
+
+NS = notebook_namespace(ROOT / "solutions" / "15_distillation_and_inference_exercises.ipynb")
+
+
+def stub(*args):
+    raise NotImplementedError()
+
+
+def test_reference_solutions_pass():
+    check_distillation_loss(NS["distillation_loss"])
+    check_pareto_front(NS["pareto_front"])
+
+
+def test_the_course_lib_versions_pass_too():
+    check_distillation_loss(distillation.distillation_loss)
+    check_pareto_front(inference.pareto_front)
+
+
+@pytest.mark.parametrize("check", [check_distillation_loss, check_pareto_front])
+def test_stubs_fail(check):
+    with pytest.raises(NotImplementedError):
+        check(stub)
+
+
+# --- distillation_loss --------------------------------------------------------------------------
+
+def loss(student="log_softmax", teacher_T=True, student_T=True, power=2, reduction="batchmean", swap_kl=False,
+         swap_alpha=False, ce_T=False, detach=False):
+    def fn(s, t, y, T, alpha):
+        s_in = s / T if student_T else s
+        t_in = t / T if teacher_T else t
+        first = (F.log_softmax if student == "log_softmax" else F.softmax)(s_in, dim=1)
+        second = F.softmax(t_in, dim=1)
+        if swap_kl:
+            first, second = F.log_softmax(t_in, dim=1), F.softmax(s_in, dim=1)
+        soft = F.kl_div(first, second, reduction=reduction) * T**power
+        hard = F.cross_entropy(s / T if ce_T else s, y)
+        a, b = (1 - alpha, alpha) if swap_alpha else (alpha, 1 - alpha)
+        out = a * soft + b * hard
+        return torch.tensor(out.item()) if detach else out
+    return fn
+
+
+WRONG_LOSSES = {
+    "missing T squared": loss(power=0),
+    "T instead of T squared": loss(power=1),
+    "softmax for the student": loss(student="softmax"),
+    "KL direction swapped": loss(swap_kl=True),
+    "teacher not softened": loss(teacher_T=False),
+    "student not softened": loss(student_T=False),
+    "alpha weights swapped": loss(swap_alpha=True),
+    "reduction mean": loss(reduction="mean"),
+    "reduction sum": loss(reduction="sum"),
+    "cross-entropy on softened logits": loss(ce_T=True),
+    "detached from the graph": loss(detach=True),
+}
+
+
+@pytest.mark.filterwarnings("ignore:reduction")
+@pytest.mark.parametrize("name", WRONG_LOSSES)
+def test_wrong_losses_fail(name):
+    with pytest.raises(AssertionError):
+        check_distillation_loss(WRONG_LOSSES[name])
+
+
+@pytest.mark.parametrize("name, words", [
+    ("missing T squared", re.escape("T**2")), ("softmax for the student", "LOG-probabilities"),
+    ("KL direction swapped", "swapped"), ("teacher not softened", "teacher is not softened"),
+    ("alpha weights swapped", "weights are swapped"), ("reduction mean", "batchmean"),
+    ("detached from the graph", "backward"),
+])
+@pytest.mark.filterwarnings("ignore:reduction")
+def test_the_message_names_the_mistake(name, words):
+    with pytest.raises(AssertionError, match=words):
+        check_distillation_loss(WRONG_LOSSES[name])
+
+
+def test_a_manual_kl_passes():
+    def manual(s, t, y, T, alpha):
+        p = F.softmax(t / T, dim=1)
+        kl = (p * (F.log_softmax(t / T, dim=1) - F.log_softmax(s / T, dim=1))).sum(1).mean()
+        return alpha * T * T * kl + (1 - alpha) * F.cross_entropy(s, y)
+
+    check_distillation_loss(manual)
+
+
+def test_returning_a_float_fails():
+    with pytest.raises(AssertionError, match="scalar tensor"):
+        check_distillation_loss(lambda *a: NS["distillation_loss"](*a).item())
+
+
+# --- pareto_front -------------------------------------------------------------------------------
+
+def all_sorted(points):
+    return sorted(range(len(points)), key=lambda i: points[i][0])
+
+
+def best_only(points):
+    return [max(range(len(points)), key=lambda i: points[i][1])]
+
+
+def neighbour_greedy(points):
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front = [order[0]]
+    for prev, i in zip(order, order[1:]):
+        if points[i][1] > points[prev][1]:
+            front.append(i)
+    return front
+
+
+def keeps_ties(points):
+    def beaten(p):
+        return any(q[0] < p[0] and q[1] > p[1] for q in points)   # needs a strict win in both
+    return sorted((i for i, p in enumerate(points) if not beaten(p)), key=lambda i: points[i][0])
+
+
+def bigger_is_better(points):
+    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1]))
+    front, best = [], float("-inf")
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def largest_first(points):
+    return NS["pareto_front"](points)[::-1]
+
+
+def returns_points(points):
+    return [points[i] for i in NS["pareto_front"](points)]
+
+
+def size_ties_unsorted(points):
+    order = sorted(range(len(points)), key=lambda i: points[i][0])   # ties keep input order
+    front, best = [], float("-inf")
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+@pytest.mark.parametrize("wrong", [all_sorted, best_only, neighbour_greedy, keeps_ties, bigger_is_better,
+                                   largest_first, returns_points, size_ties_unsorted])
+def test_wrong_fronts_fail(wrong):
+    with pytest.raises(AssertionError):
+        check_pareto_front(wrong)
+
+
+def test_a_brute_force_front_passes():
+    def brute(points):
+        keep = [i for i, p in enumerate(points)
+                if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)]
+        return sorted(keep, key=lambda i: points[i][0])
+
+    check_pareto_front(brute)
