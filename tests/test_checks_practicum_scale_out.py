@@ -1,0 +1,99 @@
+"""The practicum's checks pass the reference DDP script and fail the stub and plausible wrong DDP scripts.
+
+Every script here really runs under torchrun (2 CPU ranks); each wrong script carries mistakes that
+different checks must catch, each with its own diagnosis.
+"""
+import sys
+
+import pytest
+
+from conftest import needs_mnist
+from course_lib.checks import practicum_scale_out as ps
+from nbtools import ROOT, notebook_namespace
+
+pytestmark = [needs_mnist, pytest.mark.timeout(600)]
+NS = notebook_namespace(ROOT / "solutions" / "practicum_scale_out.ipynb")
+SCRIPT = NS["DDP_SCRIPT"]
+CHECKS = (ps.check_rank_logs, ps.check_sampler, ps.check_seeding, ps.check_checkpoint, ps.check_equivalence)
+
+
+def variant(*replacements):
+    script = SCRIPT
+    for old, new in replacements:
+        assert old in script, old
+        script = script.replace(old, new)
+    return ps.run_ddp(script, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def solution_run():
+    return ps.run_ddp(SCRIPT, quiet=True)
+
+
+def test_reference_solution_passes(solution_run):
+    assert solution_run.returncode == 0 and solution_run.world_size == 2
+    for check in CHECKS:
+        check(solution_run)
+    ps.check_torchrun_command(NS["torchrun_command"])
+
+
+def test_stubs_fail():
+    run = ps.run_ddp("raise NotImplementedError()\n", quiet=True)
+    for check in CHECKS:
+        with pytest.raises(AssertionError, match="NotImplementedError"):
+            check(run)
+
+    def stub(*args):
+        raise NotImplementedError()
+    with pytest.raises(NotImplementedError):
+        ps.check_torchrun_command(stub)
+
+
+def test_no_set_epoch_and_every_rank_checkpoints_and_prints():
+    run = variant(("        sampler.set_epoch(epoch)", "        pass"), ("        if rank == 0:", "        if True:"))
+    with pytest.raises(AssertionError, match="set_epoch"):
+        ps.check_sampler(run)
+    with pytest.raises(AssertionError, match=r"ranks \['0', '1'\]"):
+        ps.check_checkpoint(run)
+    with pytest.raises(AssertionError, match="printed progress lines too"):
+        ps.check_rank_logs(run)
+    with pytest.raises(AssertionError, match="final weights"):
+        ps.check_equivalence(run)
+    ps.check_seeding(run)
+
+
+def test_same_seed_on_every_rank_and_no_distributed_sampler():
+    run = variant(("torch.manual_seed(args.seed + rank)", "torch.manual_seed(args.seed)"),
+                  ("DistributedSampler(dataset, shuffle=True, seed=args.seed)",
+                   "DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=args.seed)"))
+    with pytest.raises(AssertionError, match="identical noise"):
+        ps.check_seeding(run)
+    with pytest.raises(AssertionError, match="every rank repeats the whole dataset"):
+        ps.check_sampler(run)
+    with pytest.raises(AssertionError, match="final weights"):
+        ps.check_equivalence(run)
+    ps.check_checkpoint(run)
+    ps.check_rank_logs(run)
+
+
+def test_sampler_without_seed_wrapper_keys_and_scaled_lr():
+    run = variant(("DistributedSampler(dataset, shuffle=True, seed=args.seed)", "DistributedSampler(dataset)"),
+                  ('"model": model.module.state_dict()', '"model": model.state_dict()'),
+                  ("lr=args.lr,", "lr=args.lr * dist.get_world_size(),"))
+    with pytest.raises(AssertionError, match="seed=args.seed"):
+        ps.check_sampler(run)
+    with pytest.raises(AssertionError, match="'module.'"):
+        ps.check_checkpoint(run)
+    with pytest.raises(AssertionError, match="final weights"):
+        ps.check_equivalence(run)
+    ps.check_seeding(run)
+
+
+def test_wrong_launch_commands_fail():
+    with pytest.raises(AssertionError, match="failed"):      # plain python: no torchrun, no process group
+        ps.check_torchrun_command(lambda script, nproc, port: [sys.executable, script])
+    one_rank = lambda script, nproc, port: [sys.executable, "-m", "torch.distributed.run", "--standalone", script]
+    with pytest.raises(AssertionError, match=r"expected 2 ranks"):
+        ps.check_torchrun_command(one_rank)
+    with pytest.raises(AssertionError, match="list of strings"):
+        ps.check_torchrun_command(lambda script, nproc, port: " ".join([sys.executable, script]))

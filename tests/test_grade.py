@@ -1,0 +1,213 @@
+"""course_lib.grade: full points for the solution, zero for the untouched exercise, and what students do.
+
+Most robustness cases use a tiny source notebook written here (no torch, so its kernels start fast);
+the check-module monkeypatching cases use exercise notebook 07 and its real checks.
+"""
+import json
+import os
+import tempfile
+
+import nbformat
+import pytest
+
+from conftest import needs_mnist
+from course_lib import exercises, grade, grade_kernel
+from course_lib.distributed.multinode import alive
+from nbtools import ROOT
+
+SOLUTION = "\n    ### BEGIN SOLUTION\n    {}\n    ### END SOLUTION"
+HIDDEN = "\n### BEGIN HIDDEN TESTS\n{}\n### END HIDDEN TESTS"
+TOY_CELLS = [
+    ("code", None, "import math"),
+    ("answer", "toy_add", "def add(a, b):" + SOLUTION.format("return a + b")),
+    ("test", "toy_add_test", "assert add(2, 3) == 5" + HIDDEN.format("assert add(-1, 1) == 0")),
+    ("answer", "toy_mul", "def mul(a, b):" + SOLUTION.format("return a * b")),
+    ("test", "toy_mul_test", "assert mul(2, 3) == 6" + HIDDEN.format("assert mul(0, 5) == 0")),
+    ("answer", "toy_sq", "def sq(x):" + SOLUTION.format("return x * x")),
+    ("test", "toy_sq_test", "assert sq(3) == 9" + HIDDEN.format("assert sq(-2) == math.pow(2, 2)")),
+]
+TOY_POINTS = {"toy_add_test": 1.0, "toy_mul_test": 2.0, "toy_sq_test": 3.0}
+EX07 = "07_ddp_exercises.ipynb"
+
+
+def toy_source(folder):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    for kind, grade_id, source in TOY_CELLS:
+        cell = nbformat.v4.new_code_cell(source)
+        if kind != "code":
+            cell.metadata["nbgrader"] = {"grade": kind == "test", "solution": kind == "answer",
+                                         "locked": kind == "test", "grade_id": grade_id, "schema_version": 3,
+                                         "task": False}
+            if kind == "test":
+                cell.metadata["nbgrader"]["points"] = TOY_POINTS[grade_id]
+        nb.cells.append(cell)
+    path = folder / "toy.ipynb"
+    nbformat.write(nb, str(path))
+    return path, nb
+
+
+def submission(folder, nb, answers, name="toy.ipynb", extra_cells=()):
+    """A copy of `nb` whose answer cells are replaced by `answers` (grade_id -> source)."""
+    nb = nbformat.from_dict(json.loads(nbformat.writes(nb)))
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    nb.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
+    path = folder / "submitted" / name
+    path.parent.mkdir(exist_ok=True)
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.fixture
+def toy(tmp_path):
+    return toy_source(tmp_path)
+
+
+def test_run_cells_survives_a_hang_and_leaves_no_process_behind():
+    """A cell that starts a detached process and a cell that hangs: the process is killed, later cells run."""
+    spawn = ("import subprocess, sys\n"
+             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+             "print(p.pid)")
+    results = grade_kernel.run_cells(["x = 1", spawn, "while True:\n    pass", "print(x + 1)"],
+                                     cell_timeout=10, total_timeout=300)
+    assert [r.status for r in results] == ["ok", "ok", "timeout", "ok"] and results[3].stdout == "2\n"
+    assert not alive(int(results[1].stdout)), "a process started by a cell outlived the grading kernel"
+
+
+def test_run_cells_total_deadline_and_bad_timeouts():
+    results = grade_kernel.run_cells(["import time\ntime.sleep(60)", "print(1)"], cell_timeout=100, total_timeout=20)
+    assert [r.status for r in results] == ["timeout", "not run"]
+    with pytest.raises(ValueError, match="timeout"):
+        grade_kernel.run_cells(["1"], cell_timeout=0)
+
+
+def test_toy_solution_full_points_and_student_version_zero(toy, tmp_path):
+    path, nb = toy
+    report = grade.grade(path, path)
+    assert report.points == TOY_POINTS and report.score == report.max_score == 6 and not report.notes
+    student = tmp_path / "student.ipynb"
+    nbformat.write(exercises.student_version(nb), str(student))
+    assert "BEGIN HIDDEN" not in student.read_text()
+    report = grade.grade(student, path)
+    assert report.points == dict.fromkeys(TOY_POINTS, 0.0) and report.max_score == 6
+    assert all("NotImplementedError" in m for m in report.messages.values())
+
+
+def test_os_exit_and_infinite_loop_cost_only_their_cells(toy, tmp_path):
+    path, nb = toy
+    sub = submission(tmp_path, nb, {"toy_add": "import os\nos._exit(1)",                # kills the kernel
+                                    "toy_mul": "def mul(a, b):\n    while True:\n        pass"})  # hangs the test
+    report = grade.grade(sub, path, cell_timeout=8)
+    assert report.points == {"toy_add_test": 0.0, "toy_mul_test": 0.0, "toy_sq_test": 3.0}
+    assert report.status["toy_mul_test"] == "timeout" and "NameError" in report.messages["toy_add_test"]
+    assert any("toy_add" in n and "died" in n for n in report.notes)
+
+
+def test_hidden_tests_exceptions_sys_exit_and_a_fake_assertion_error(toy, tmp_path):
+    path, nb = toy
+    sub = submission(tmp_path, nb, {
+        "toy_add": "raise ValueError('oops')",                                   # an exception in an early cell
+        "toy_mul": "def mul(a, b):\n    return 6",                               # passes visible, fails hidden
+        "toy_sq": "def sq(x):\n    return x * x\nimport builtins, sys\n"
+                  "builtins.AssertionError = type('AssertionError', (Exception,), {})\nAssertionError = None\n"
+                  "get_ipython().showtraceback = lambda *a, **k: None\nsys.exit(0)",
+    }, extra_cells=["def add(a, b):\n    return a + b"])                          # a cell of its own: not run
+    report = grade.grade(sub, path, cell_timeout=30)
+    assert report.points == {"toy_add_test": 0.0, "toy_mul_test": 0.0, "toy_sq_test": 3.0}
+    assert any("ValueError: oops" in n for n in report.notes)
+
+
+def test_deleted_duplicated_and_reordered_cells(toy, tmp_path):
+    path, nb = toy
+    sub_nb = nbformat.from_dict(json.loads(nbformat.writes(nb)))
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in sub_nb.cells}
+    wrong_copy = nbformat.from_dict(json.loads(json.dumps(cells["toy_mul"])))
+    wrong_copy.source, wrong_copy.id = "def mul(a, b):\n    return 0", "copy-of-mul"
+    # answers in reverse order, the add answer deleted, the mul answer duplicated with a wrong last copy
+    sub_nb.cells = [cells["toy_sq_test"], cells["toy_sq"], cells["toy_mul"], wrong_copy, cells[None]]
+    sub = tmp_path / "submitted.ipynb"
+    nbformat.write(sub_nb, str(sub))
+    report = grade.grade(sub, path)
+    assert report.points == {"toy_add_test": 0.0, "toy_mul_test": 0.0, "toy_sq_test": 3.0}
+    assert any("'toy_add' is missing" in n for n in report.notes)
+    assert any("'toy_mul' appears 2 times" in n for n in report.notes)
+
+
+def test_a_notebook_that_is_not_json_scores_zero(toy, tmp_path, capsys):
+    path, _ = toy
+    broken = tmp_path / "toy.ipynb.broken"
+    broken.write_text('{"cells": [ {"cell_type": "code", ')
+    assert grade.main([str(broken), "--source", str(path), "--json"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert result["score"] == 0 and result["max_score"] == 6 and result["points"] == dict.fromkeys(TOY_POINTS, 0.0)
+    assert "not a readable notebook" in result["error"]
+
+
+def test_cli_json_and_no_files_left_behind(toy, tmp_path, capsys, monkeypatch):
+    path, _ = toy
+    before = path.read_bytes()
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    assert grade.main([str(path), "--source", str(path), "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert (result["score"], result["max_score"], result["points"]) == (6, 6, TOY_POINTS)
+    assert "score 6/6" in out[-2]
+    assert path.read_bytes() == before, "the grader must not modify the submission"
+    assert not list(private.iterdir()), "the grader's private folder must be deleted"
+
+
+def test_finding_the_source(toy, tmp_path, monkeypatch):
+    path, nb = toy
+    monkeypatch.setenv("COURSE_SOLUTIONS_DIR", str(tmp_path))
+    sub = submission(tmp_path, nb, {})
+    assert grade.find_source(sub, grade.read_notebook(sub)) == path
+    renamed = submission(tmp_path, nb, {}, name="jane_doe_hw.ipynb")
+    assert grade.find_source(renamed, grade.read_notebook(renamed)) == path          # matched by grade_id
+    monkeypatch.delenv("COURSE_SOLUTIONS_DIR")
+    assert grade.find_source(ROOT / "exercises" / EX07) == ROOT / "solutions" / EX07
+    with pytest.raises(FileNotFoundError, match="--source"):
+        grade.find_source(renamed, grade.read_notebook(renamed))
+    with pytest.raises(FileNotFoundError):
+        grade.find_source(sub, None, tmp_path / "nope.ipynb")
+    assert grade.main([str(sub), "--source", str(tmp_path / "nope.ipynb")]) == 2
+
+
+
+def test_exercise_07_solution_and_student_version():
+    assert grade.grade(ROOT / "solutions" / EX07).score == 5
+    report = grade.grade(ROOT / "exercises" / EX07)
+    assert report.max_score == 5 and set(report.points.values()) == {0.0}
+
+
+def test_monkeypatching_the_checks_does_not_help(tmp_path):
+    nb = nbformat.read(str(ROOT / "exercises" / EX07), as_version=4)
+    sub = submission(tmp_path, nb, {
+        "ex07_shard_indices":                       # a wrong answer that disables every check it can reach
+            "def shard_indices(n, rank, world_size, epoch, seed):\n    return list(range(rank, n, world_size))\n"
+            "def check_shard_indices(*args):\n    pass\n"
+            "import course_lib.checks.nb07 as m\nm.check_shard_indices = lambda f: None\n"
+            "import course_lib.checks\ncourse_lib.checks.expect = lambda *a, **k: None",
+        "ex07_should_checkpoint":                   # a right answer, then sys.exit() in the cell
+            "def should_checkpoint(rank, step, every):\n    return rank == 0 and step > 0 and step % every == 0\n"
+            "import sys\nsys.exit()",
+    }, name=EX07)
+    report = grade.grade(sub)
+    assert report.points == {"ex07_shard_indices_test": 0.0, "ex07_should_checkpoint_test": 2.0}
+    assert "AssertionError" in report.messages["ex07_shard_indices_test"]
+
+
+@needs_mnist
+@pytest.mark.timeout(600)
+def test_practicum_solution_full_points_and_student_version_zero():
+    name = "practicum_scale_out.ipynb"
+    report = grade.grade(ROOT / "solutions" / name)
+    assert report.score == report.max_score == 14, report.messages
+    report = grade.grade(ROOT / "exercises" / name)
+    assert report.max_score == 14 and set(report.points.values()) == {0.0}
+    assert "NotImplementedError" in report.messages["practicum_scale_out_logs_test"]
