@@ -1,25 +1,13 @@
 """Huffman coding: optimal lengths (checked against an independent heapq cost), Kraft equality,
 entropy bounds, canonical codes, and a bit-exact round trip on random and adversarial inputs."""
-import heapq
 import math
 import random
 from collections import Counter
 
 import pytest
 
+from course_lib.checks.nb14 import optimal_cost
 from course_lib.compression import huffman as H
-
-
-def optimal_cost(frequencies):
-    """Total bits of an optimal prefix code: the sum of all merged weights (no lengths involved)."""
-    heap = list(frequencies.values())
-    heapq.heapify(heap)
-    cost = 0
-    while len(heap) > 1:
-        merged = heapq.heappop(heap) + heapq.heappop(heap)
-        cost += merged
-        heapq.heappush(heap, merged)
-    return cost
 
 
 def fibonacci(n):

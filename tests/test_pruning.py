@@ -11,6 +11,7 @@ from course_lib.compression import pruning as P
 from course_lib.compression.measure import csr_model_bytes
 from course_lib.data import TensorLoader
 from course_lib.models import LeNet5, LeNet300, Net
+from test_train import blobs
 
 def holder(weight):
     m = nn.Module()
@@ -144,13 +145,6 @@ def test_magnitude_prune_zeroes_weights_in_place_and_sparsity_counts_them(scope)
     for name, mask in masks.items():
         assert torch.equal(getattr(model, name).weight == 0, mask == 0)
     assert all(torch.equal(b, m.bias) for b, m in zip(biases, (model.fc1, model.fc2, model.fc3)))
-
-
-def blobs(n=512, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 10, (n,), generator=g)
-    centers = torch.randn(10, 1, 28, 28, generator=g)
-    return centers[y] + 0.3 * torch.randn(n, 1, 28, 28, generator=g), y
 
 
 def loaders():

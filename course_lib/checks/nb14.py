@@ -17,7 +17,8 @@ import torch
 from . import expect, passed
 
 
-def _optimal_cost(frequencies: dict) -> int:
+def optimal_cost(frequencies: dict) -> int:
+    """Total bits of an optimal prefix code: the sum of all merged weights (no code lengths involved)."""
     heap = list(frequencies.values())
     heapq.heapify(heap)
     cost = 0
@@ -63,7 +64,7 @@ def check_huffman_code_lengths(huffman_code_lengths) -> None:
                            "could be shorter. An optimal code is a full binary tree. Fixed-length codes, and "
                            "depths counted from 1 at the root (one bit too many everywhere), fall short.")
         total = sum(frequencies[s] * lengths[s] for s in frequencies)
-        best = _optimal_cost(frequencies)
+        best = optimal_cost(frequencies)
         expect(total == best,
                f"{what} returned {lengths}: encoding costs {total} bits in all, but an optimal code needs {best}. "
                "Huffman's rule: repeatedly merge the two *least* frequent nodes (a heap); every symbol under a "
