@@ -53,6 +53,7 @@ from .precision import PRECISIONS, autocast, check_precision, grad_scaler
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 STRATEGIES = ("single", "ddp", "fsdp")
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 
 
 @dataclass
@@ -283,9 +284,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "over the ranks; both one process per rank (launch with torchrun)")
     p.add_argument("--precision", choices=PRECISIONS, default="32",
                    help="bf16: bfloat16 autocast (CPU or GPU); 16: fp16 autocast + GradScaler (CUDA only)")
+    p.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
+                   help="channels_last stores conv weights and activations as NHWC, which oneDNN (CPU) and cuDNN "
+                        "run much faster for small convolutions; auto: channels_last for models with Conv2d "
+                        "layers, except under fsdp (it shards parameters as flat rows)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
+
+
+def resolve_memory_format(name: str, model: nn.Module, strategy: str = "single") -> torch.memory_format:
+    """torch.channels_last or torch.contiguous_format for --memory-format `name` (see its help)."""
+    if name not in MEMORY_FORMATS:
+        raise ValueError(f"memory_format must be one of {MEMORY_FORMATS}; got {name!r}")
+    if name == "auto":
+        has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
+        name = "channels_last" if has_conv and strategy != "fsdp" else "contiguous"
+    return torch.channels_last if name == "channels_last" else torch.contiguous_format
 
 
 def _fail_hook(rank: int, global_step: int) -> None:
@@ -370,6 +385,8 @@ def _train(args, info, device, ddp: bool) -> dict:
                                            world_size=info.world_size, seed=args.seed)
     model = build_model(args.model).to(device)
     fsdp = args.strategy == "fsdp"
+    memory_format = resolve_memory_format(args.memory_format, model, args.strategy)
+    model.to(memory_format=memory_format)
     if fsdp:
         shard_model(model)                   # before the optimizer: it must see the sharded parameters
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr)
@@ -445,6 +462,7 @@ def _train(args, info, device, ddp: bool) -> dict:
         dist.all_reduce(rate)                # throughput of the whole job: the sum over ranks
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
             "strategy": args.strategy, "precision": args.precision, "world_size": info.world_size,
+            "memory_format": str(memory_format).removeprefix("torch."),
             "epochs": args.epochs,
             "epochs_run": len(history.train_loss), "batch_size": args.batch_size,
             "global_batch_size": args.batch_size * info.world_size, "lr": args.lr, "optimizer": args.optimizer,

@@ -90,9 +90,9 @@ def test_summarize_defines_efficiency_from_solo_times():
 def test_pipeline_benchmark_quick(capsys):
     assert bench.main(["pipeline", "--quick", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert {"benchmark", "efficiency_vs_model", "efficiency_vs_model_is", "rows", "stage_solo_ms", "send_ms",
+    assert {"benchmark", "efficiency_vs_model", "efficiency_vs_model_is", "busy_vs_model", "rows", "stage_solo_ms", "send_ms",
             "stage_imbalance", "quick"} <= set(summary)
     assert summary["benchmark"] == "pipeline" and summary["quick"] is True
     assert [r["M"] for r in summary["rows"]] == [1, 4]
     assert all(0 < r["measured"] and 0 < r["predicted"] < 1 for r in summary["rows"])
-    assert summary["efficiency_vs_model"] > 0
+    assert summary["efficiency_vs_model"] > 0 and 0 < summary["busy_vs_model"] <= 1.25

@@ -101,10 +101,37 @@ def cli(*args, env_extra=None, timeout=300):
     (["--model", "resnet"], "--model: invalid choice"),
     (["--batch-size", "0"], "--batch-size: must be > 0"),
     (["--optimizer", "lion"], "--optimizer: invalid choice"),
+    (["--memory-format", "nhwc"], "--memory-format: invalid choice"),
 ])
 def test_cli_refuses_bad_arguments_by_name(args, message):
     result = cli(*args)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_memory_format_auto_picks_channels_last_for_conv_models_only():
+    from course_lib.models import build_model
+
+    net, mlp = build_model("net"), build_model("lenet300")
+    assert train.resolve_memory_format("auto", net) is torch.channels_last
+    assert train.resolve_memory_format("auto", mlp) is torch.contiguous_format
+    assert train.resolve_memory_format("auto", net, strategy="fsdp") is torch.contiguous_format
+    assert train.resolve_memory_format("contiguous", net) is torch.contiguous_format
+    with pytest.raises(ValueError, match="memory_format must be one of"):
+        train.resolve_memory_format("nhwc", net)
+
+
+def test_channels_last_computes_the_same_step_as_contiguous():
+    from course_lib.models import build_model
+
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    grads = []
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        seed_everything(0)
+        model = build_model("net").to(memory_format=memory_format)
+        nn.functional.cross_entropy(model(x), y).backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
