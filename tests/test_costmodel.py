@@ -137,6 +137,6 @@ def test_quick_benchmark_measures_both_implementations_on_two_ranks():
     assert {"ratio_1mb_plus", "model_max_error", "model_max_error_torch", "alpha_us", "bandwidth_GBps",
             "speedup", "table", "backend"} <= set(s)
     assert s["world_size"] == 2 and s["quick"] and s["ratio_1mb_plus"] > 0 and s["model_max_error"] >= 0
-    assert [r["bytes"] for r in s["table"]] == [2**10, 2**14, 2**16, 2**18, 2**20, 2**22]
+    assert [r["bytes"] for r in s["table"]] == [2**10, 2**14, 2**16, 2**18, 2**20, 2**22, 2**24]
     assert all(r["torch_s"] > 0 and r["ring_s"] > 0 for r in s["table"])
-    assert len(result.rows) == 6 and "ring busbw GB/s" in result.rows[0]
+    assert len(result.rows) == 7 and "ring busbw GB/s" in result.rows[0]

@@ -78,11 +78,12 @@ def test_sleep_stage_and_make_stage():
         bench_pipeline.make_stage("gpu", 8, 1, 0)
 
 
-def test_summarize_defines_efficiency_from_solo_times():
-    fake = [{"solo_s": 0.01, "by_M": {4: {"wall_s": 0.05, "busy_s": 0.03}}},
-            {"solo_s": 0.01, "by_M": {4: {"wall_s": 0.049, "busy_s": 0.03}}}]
+def test_summarize_defines_efficiency_from_stage_times():
+    # two steps per rank, (wall s, stage s): each step is judged against its own stage times
+    fake = [{"by_M": {4: {"wall_s": 0.05, "busy_s": 0.03, "steps": [(0.05, 0.01), (0.1, 0.02)]}}},
+            {"by_M": {4: {"wall_s": 0.049, "busy_s": 0.03, "steps": [(0.049, 0.01), (0.09, 0.02)]}}}]
     (row,) = bench_pipeline.summarize(fake, [4])      # the slowest rank's wall counts
-    assert row["predicted"] == 0.8 and row["measured"] == 0.8          # 4 x 0.02 s / 2 ranks / 0.05 s
+    assert row["predicted"] == 0.8 and row["measured"] == 0.8          # 4 x 0.02 s / 2 ranks / 0.05 s, 4 x 0.04 / 2 / 0.1
     assert row["measured/predicted"] == 1.0 and row["busy fraction"] == 0.6    # 0.06 / (2 x 0.05)
 
 
@@ -90,8 +91,8 @@ def test_summarize_defines_efficiency_from_solo_times():
 def test_pipeline_benchmark_quick(capsys):
     assert bench.main(["pipeline", "--quick", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert {"benchmark", "efficiency_vs_model", "efficiency_vs_model_is", "busy_vs_model", "rows", "stage_solo_ms", "send_ms",
-            "stage_imbalance", "quick"} <= set(summary)
+    assert {"benchmark", "efficiency_vs_model", "efficiency_vs_model_is", "busy_vs_model", "rows", "stage_ms",
+            "stage_alone_ms", "send_ms", "stage_imbalance", "quick"} <= set(summary)
     assert summary["benchmark"] == "pipeline" and summary["quick"] is True
     assert [r["M"] for r in summary["rows"]] == [1, 4]
     assert all(0 < r["measured"] and 0 < r["predicted"] < 1 for r in summary["rows"])

@@ -17,7 +17,7 @@ from . import costmodel
 
 WORLD_SIZE = 2
 SIZES = [2**10 * 4**k for k in range(9)]                       # 1 KB, 4 KB, ..., 64 MB
-QUICK_SIZES = [2**10, 2**14, 2**16, 2**18, 2**20, 2**22]       # 1 KB .. 4 MB
+QUICK_SIZES = [2**10, 2**14, 2**16, 2**18, 2**20, 2**22, 2**24]  # 1 KB .. 16 MB: a wide enough range to fit β
 LARGE, FIT_CHECKED = 2**20, 2**16                              # ratio over >= 1 MB; error over >= 64 KB
 
 

@@ -8,24 +8,31 @@ thread per rank. A stage's forward+backward of one micro-batch takes tens of ms 
 sending its activation (64 x 1024 fp32 = 256 KB) over gloo on localhost takes well under 1 ms
 (`send_ms` below): the stages are compute-bound, as the bubble model assumes.
 
+Both stages do identical work: stage 0 also computes its input's gradient (as a middle stage
+would), so the equal-stages assumption of the bubble model holds by construction.
+
 How "measured efficiency" is defined (no figure here comes from the model):
-- solo_k: median time of stage k's forward+backward on one micro-batch, measured while the other
-  rank waits in a barrier (so stage k has the machine to itself); T = sum_k solo_k.
+- stage_k: median time of stage k's forward+backward on one micro-batch, measured while all K
+  ranks compute their stage at the same time, as they do in a pipeline's steady state (so two
+  ranks competing for caches and memory bandwidth is in it); T = sum_k stage_k. The same measured
+  with the other ranks waiting in a barrier is reported as `stage_alone_ms`.
 - ideal time of a step with M micro-batches = M * T / K (all K ranks busy all the time, no bubble);
-- wall = median over steps of the time between a barrier before and one after the pipelined step;
-- measured efficiency = ideal / wall; predicted efficiency = 1 - bubble = M / (M + K - 1).
-So everything that costs time in the real pipeline counts against it: the bubble, communication,
-waits, stage imbalance, and two ranks competing for caches and memory bandwidth (or other load on
-the machine). `busy_fraction` = (sum over ranks of time spent in forward/backward) / (K * wall) is
-reported too: it ignores slowdowns under contention, so it is an upper bound.
+- wall = the time between a barrier before and one after the pipelined step (slowest rank);
+- measured efficiency = median over steps of ideal / wall, each step against stage times measured
+  right before it (this machine's speed drifts by tens of percent within a minute);
+  predicted efficiency = 1 - bubble = M / (M + K - 1).
+So everything else that costs time in the real pipeline counts against it: the bubble,
+communication, waits, and other load on the machine. `busy_fraction` = (sum over ranks of time
+spent in forward/backward) / (K * wall) is reported too.
 
 efficiency_vs_model = min over the measured M >= 4 of (measured / predicted); target >= 0.85.
 busy_vs_model = the same with busy_fraction (1 - the measured bubble) in place of measured efficiency.
 
 On a 2-core CPU the two stages take both cores, and gloo's I/O threads must preempt them to move
-an activation: a 256 KB tensor already sent can wait ~4 ms to arrive, and one rank's compute slows
-while the other moves data. So efficiency_vs_model varies from about 0.6 to 1.0 from run to run
-there (solo times are noisy too); on GPUs, or with more cores than stages, the CPU is free for I/O.
+an activation: a 256 KB tensor already sent can wait ~4 ms to arrive, and the first backward of a
+step can take 1.7x the others. Measured on a quiet 2-core machine: efficiency_vs_model 0.81-0.90
+(three runs), busy_vs_model 0.81-0.85; with stage times taken once before all steps instead of
+before each, 0.6-1.0. On GPUs, or with more cores than stages, the CPU is free for the I/O.
 """
 from __future__ import annotations
 
@@ -83,15 +90,21 @@ def _loss(out, target):
     return out.square().mean()
 
 
-def _solo_seconds(stage, x, rank: int, world_size: int, reps: int) -> float:
-    """Median seconds of this stage's forward+backward on one micro-batch, alone (others wait at a barrier)."""
+def _stage_seconds(stage, x, rank: int, world_size: int, reps: int, together: bool, warmup: int = 2) -> float:
+    """Median seconds of this stage's forward+backward on one micro-batch (input gradient included).
+
+    together: all ranks compute at once (a barrier before each repetition); else one rank at a time
+    while the others wait in a barrier.
+    """
     times = []
-    for r in range(world_size):
+    for r in range(1 if together else world_size):
         dist.barrier()
-        if r != rank:
+        if not together and r != rank:
             continue
-        for i in range(reps + 2):                        # two warm-up repetitions
-            inp = x.clone().requires_grad_(rank > 0)
+        for i in range(reps + warmup):
+            if together:
+                dist.barrier()
+            inp = x.clone().requires_grad_()
             sync(x.device)
             t0 = time.perf_counter()
             out = stage(inp)
@@ -100,7 +113,7 @@ def _solo_seconds(stage, x, rank: int, world_size: int, reps: int) -> float:
             else:
                 out.backward(torch.ones_like(out))
             sync(x.device)
-            if i >= 2:
+            if i >= warmup:
                 times.append(time.perf_counter() - t0)
     dist.barrier()
     return statistics.median(times)
@@ -124,46 +137,59 @@ def _send_seconds(x, rank: int, reps: int = 10) -> float:
 
 def pipeline_timing(rank: int, world_size: int, Ms=MS, steps: int = 10, micro_batch: int = 64, width: int = 1024,
                     layers: int = 4, work: str = "matmul", sleep_ms: float = 10.0, schedule: str = "gpipe") -> dict:
-    """Worker: this rank's solo time, send time, and per M the wall and busy seconds of pipelined steps.
+    """Worker: this rank's stage times, send time, and per M the wall and busy seconds of pipelined steps.
 
-    Returns {"solo_s", "send_s", "by_M": {M: {"wall_s", "busy_s", "events"}}} (median step; events of it).
+    Returns {"stage_s", "alone_s", "send_s", "by_M": {M: {"wall_s", "busy_s", "events", "steps"}}}: the
+    median step, its events, and every step's (wall_s, stage_s). stage_s is measured with all ranks
+    computing at once (also right before each step: the machine's speed drifts), alone_s one rank at a time.
     """
     torch.manual_seed(rank)
     device = device_of_rank()
     stage = make_stage(work, width, layers, sleep_ms).to(device)
-    x = torch.randn(micro_batch, width, device=device)
-    out = {"solo_s": _solo_seconds(stage, x, rank, world_size, reps=max(3, steps)),
-           "send_s": _send_seconds(x.clone(), rank) if world_size > 1 else 0.0, "by_M": {}}
+    x = torch.randn(micro_batch, width, device=device, requires_grad=True)   # stage 0: input gradient too
+    reps = max(3, steps)
+    out = {"stage_s": _stage_seconds(stage, x.detach(), rank, world_size, reps, together=True),
+           "alone_s": _stage_seconds(stage, x.detach(), rank, world_size, reps, together=False),
+           "send_s": _send_seconds(x.detach().clone(), rank) if world_size > 1 else 0.0, "by_M": {}}
     shapes = [x.shape] * (world_size + 1)
     for M in Ms:
         stage_order = schedules.order(schedule, world_size, M)[rank]
         runs = []
         for step in range(steps + 1):                    # step 0 is a warm-up
+            stage_s = _stage_seconds(stage, x.detach(), rank, world_size, reps=1, together=True, warmup=0)
             stage.zero_grad()
             dist.barrier()
             t0 = time.perf_counter()
             result: StepResult = run_schedule(stage, stage_order, [x] * M, [None] * M, shapes, _loss, t0)
             dist.barrier()
             if step:
-                runs.append((time.perf_counter() - t0, sum(e - s for _, _, s, e in result.events), result.events))
-        wall, busy, events = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
-        out["by_M"][M] = {"wall_s": wall, "busy_s": busy, "events": events}
+                runs.append((time.perf_counter() - t0, sum(e - s for _, _, s, e in result.events), result.events,
+                             stage_s))
+        wall, busy, events, _ = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+        out["by_M"][M] = {"wall_s": wall, "busy_s": busy, "events": events, "steps": [(r[0], r[3]) for r in runs]}
     return out
 
 
 def summarize(results: list, Ms) -> list[dict]:
-    """Per M: predicted and measured efficiency (see the module docstring) from the ranks' results."""
+    """Per M: predicted and measured efficiency (see the module docstring) from the ranks' results.
+
+    Each step is compared with the stage times measured just before it (the slowest rank's wall,
+    the sum of the ranks' stage times); "measured" is the median over steps.
+    """
     world = len(results)
-    total_solo = sum(r["solo_s"] for r in results)
     rows = []
     for M in Ms:
+        steps = [list(zip(*r["by_M"][M]["steps"])) for r in results]           # per rank: (walls, stage times)
+        walls = [max(w) for w in zip(*(s[0] for s in steps))]
+        ideals = [M * sum(t) / world for t in zip(*(s[1] for s in steps))]
+        measured = statistics.median(i / w for i, w in zip(ideals, walls))
         wall = max(r["by_M"][M]["wall_s"] for r in results)
         predicted = 1 - schedules.bubble_fraction(world, M)
-        measured = M * total_solo / world / wall
         rows.append({"M": M, "predicted": round(predicted, 3), "measured": round(measured, 3),
                      "measured/predicted": round(measured / predicted, 3),
                      "busy fraction": round(sum(r["by_M"][M]["busy_s"] for r in results) / (world * wall), 3),
-                     "wall ms": round(1e3 * wall, 1), "ideal ms": round(1e3 * M * total_solo / world, 1)})
+                     "wall ms": round(1e3 * statistics.median(walls), 1),
+                     "ideal ms": round(1e3 * statistics.median(ideals), 1)})
     return rows
 
 
@@ -174,17 +200,18 @@ def run(quick: bool = False):
     Ms, steps = (QUICK_MS, 3) if quick else (MS, 10)
     results = launch(pipeline_timing, K, Ms, steps, timeout=600)
     rows = summarize(results, Ms)
-    solo = [r["solo_s"] for r in results]
+    stage = [r["stage_s"] for r in results]
     ratios = [r["measured/predicted"] for r in rows if r["M"] >= 4]
     busy = [r["busy fraction"] / r["predicted"] for r in rows if r["M"] >= 4]
     summary = {"benchmark": "pipeline", "efficiency_vs_model": min(ratios),
                "efficiency_vs_model_is": "min over M >= 4 of measured / predicted efficiency",
                "busy_vs_model": round(min(busy), 3),
                "rows": [{k: r[k] for k in ("M", "predicted", "measured", "busy fraction")} for r in rows],
-               "stage_solo_ms": [round(1e3 * s, 2) for s in solo],
-               "stage_imbalance": round(max(solo) / (sum(solo) / len(solo)), 3),
+               "stage_ms": [round(1e3 * s, 2) for s in stage],
+               "stage_alone_ms": [round(1e3 * r["alone_s"], 2) for r in results],
+               "stage_imbalance": round(max(stage) / (sum(stage) / len(stage)), 3),
                "send_ms": round(1e3 * max(r["send_s"] for r in results), 3),
                "K": K, "micro_batch": 64, "width": 1024, "layers_per_stage": 4, "threads_per_rank": 1,
                "steps": steps, "quick": quick}
     return BenchResult(f"GPipe on K={K} ranks (4 x Linear(1024) per stage, micro-batch 64, one thread per rank): "
-                       f"measured efficiency = M x sum(solo stage times) / K / wall", rows, summary)
+                       f"measured efficiency = M x sum(stage times) / K / wall", rows, summary)
