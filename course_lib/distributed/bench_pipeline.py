@@ -30,9 +30,9 @@ busy_vs_model = the same with busy_fraction (1 - the measured bubble) in place o
 
 On a 2-core CPU the two stages take both cores, and gloo's I/O threads must preempt them to move
 an activation: a 256 KB tensor already sent can wait ~4 ms to arrive, and the first backward of a
-step can take 1.7x the others. Measured on a quiet 2-core machine: efficiency_vs_model 0.81-0.90
-(three runs), busy_vs_model 0.81-0.85; with stage times taken once before all steps instead of
-before each, 0.6-1.0. On GPUs, or with more cores than stages, the CPU is free for the I/O.
+step can take 1.7x the others. Measured on a quiet 2-core machine: efficiency_vs_model 0.80-0.91
+(six runs; below 0.85 in two), busy_vs_model 0.80-0.85; with stage times taken once before all
+steps instead of before each, 0.6-1.0. On GPUs, or with more cores than stages, the CPU is free for the I/O.
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def pipeline_timing(rank: int, world_size: int, Ms=MS, steps: int = 10, micro_ba
         runs = []
         for step in range(steps + 1):                    # step 0 is a warm-up
             stage_s = _stage_seconds(stage, x.detach(), rank, world_size, reps=1, together=True, warmup=0)
-            stage.zero_grad()
+            stage.zero_grad(set_to_none=False)      # keep the buffers: no 16 MB allocation inside the step
             dist.barrier()
             t0 = time.perf_counter()
             result: StepResult = run_schedule(stage, stage_order, [x] * M, [None] * M, shapes, _loss, t0)
