@@ -55,6 +55,7 @@ from torch import nn
 
 from . import data
 from .checkpoint import load_checkpoint, save_checkpoint
+from .compression.measure import serialized_bytes as saved_bytes   # what an artifact costs (re-exported)
 from .env import quick_mode, seed_everything
 from .models import LeNet300
 
@@ -127,13 +128,6 @@ def given_model(root=None) -> nn.Module:
     model = LeNet300()
     model.load_state_dict(given_checkpoint(root)["model"])
     return model.eval()
-
-
-def saved_bytes(obj) -> int:
-    """len(torch.save(obj)): what an artifact costs."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return len(buffer.getvalue())
 
 
 # --- the answer's code ----------------------------------------------------------------------------

@@ -71,6 +71,9 @@ def test_model_size_bytes_counts_parameters_and_float_buffers():
 def test_serialized_bytes_is_the_file_size():
     size = M.serialized_bytes(LeNet300())
     assert M.model_size_bytes(LeNet300()) < size < M.model_size_bytes(LeNet300()) + 10_000
+    model = LeNet300()
+    assert M.serialized_bytes(model.state_dict()) == M.serialized_bytes(model)     # any object torch.save takes
+    assert M.serialized_bytes({"w": torch.zeros(1000, dtype=torch.int8)}) < M.serialized_bytes({"w": torch.zeros(1000)})
 
 
 def test_csr_bytes_are_torchs_and_break_even_is_where_they_cross():

@@ -98,10 +98,10 @@ def model_size_bytes(model: nn.Module, bits: int = 32) -> int:
     return (values * bits + 7) // 8
 
 
-def serialized_bytes(model: nn.Module) -> int:
-    """Bytes of torch.save(model.state_dict()): the real file size, whatever the storage format."""
+def serialized_bytes(obj) -> int:
+    """Bytes of torch.save(obj) (of its state_dict for a module): the real file size, whatever the format."""
     buffer = io.BytesIO()
-    torch.save(model.state_dict(), buffer)
+    torch.save(obj.state_dict() if isinstance(obj, nn.Module) else obj, buffer)
     return buffer.getbuffer().nbytes
 
 

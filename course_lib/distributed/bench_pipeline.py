@@ -140,16 +140,16 @@ def pipeline_timing(rank: int, world_size: int, Ms=MS, steps: int = 10, micro_ba
     """Worker: this rank's stage times, send time, and per M the wall and busy seconds of pipelined steps.
 
     Returns {"stage_s", "alone_s", "send_s", "by_M": {M: {"wall_s", "busy_s", "events", "steps"}}}: the
-    median step, its events, and every step's (wall_s, stage_s). stage_s is measured with all ranks
-    computing at once (also right before each step: the machine's speed drifts), alone_s one rank at a time.
+    median step, its events, and every step's (wall_s, stage_s). Stage times are measured with all ranks
+    computing at once right before each step (the machine's speed drifts); stage_s is their median,
+    alone_s the same measured one rank at a time.
     """
     torch.manual_seed(rank)
     device = device_of_rank()
     stage = make_stage(work, width, layers, sleep_ms).to(device)
     x = torch.randn(micro_batch, width, device=device, requires_grad=True)   # stage 0: input gradient too
     reps = max(3, steps)
-    out = {"stage_s": _stage_seconds(stage, x.detach(), rank, world_size, reps, together=True),
-           "alone_s": _stage_seconds(stage, x.detach(), rank, world_size, reps, together=False),
+    out = {"alone_s": _stage_seconds(stage, x.detach(), rank, world_size, reps, together=False),
            "send_s": _send_seconds(x.detach().clone(), rank) if world_size > 1 else 0.0, "by_M": {}}
     shapes = [x.shape] * (world_size + 1)
     for M in Ms:
@@ -167,6 +167,7 @@ def pipeline_timing(rank: int, world_size: int, Ms=MS, steps: int = 10, micro_ba
                              stage_s))
         wall, busy, events, _ = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
         out["by_M"][M] = {"wall_s": wall, "busy_s": busy, "events": events, "steps": [(r[0], r[3]) for r in runs]}
+    out["stage_s"] = statistics.median(t for m in out["by_M"].values() for _, t in m["steps"])
     return out
 
 
