@@ -492,5 +492,21 @@ def main(argv=None) -> int:
     return 0
 
 
+def _exit_without_teardown(code: int) -> None:
+    """End a torchrun worker now: the process group is destroyed and the output is written.
+
+    With gloo, a worker thread can still be releasing the last collective's tensors (which needs
+    the GIL) while the interpreter shuts down; it is then killed inside the GIL and the process
+    aborts (SIGABRT, "terminate called without an active exception"), failing a finished run.
+    os._exit skips the interpreter's teardown, and with it the race.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    if "MASTER_ADDR" in os.environ:   # launched by torchrun (or SLURM): gloo or nccl has run
+        _exit_without_teardown(exit_code)
+    sys.exit(exit_code)
