@@ -3,10 +3,11 @@
     python -m course_lib.bench pipeline --json      # M = 1, 2, 4, 8; key efficiency_vs_model
     python -m course_lib.bench pipeline --quick     # M = 1, 4 and fewer steps (what the tests run)
 
-Each rank holds one stage: `layers` x (Linear(1024, 1024), ReLU) on micro-batches of 64 rows, one
-thread per rank. A stage's forward+backward of one micro-batch takes tens of ms on one core, while
+Each rank holds one stage: LAYERS = 8 x (Linear(1024, 1024), ReLU) on micro-batches of 64 rows, one
+thread per rank. A stage's forward+backward of one micro-batch takes ~55 ms on one core, while
 sending its activation (64 x 1024 fp32 = 256 KB) over gloo on localhost takes well under 1 ms
-(`send_ms` below): the stages are compute-bound, as the bubble model assumes.
+(`send_ms` below): the stages are compute-bound, as the bubble model assumes (and as real pipeline
+stages are: a stage of transformer layers computes far more per byte of activation it sends).
 
 Both stages do identical work: stage 0 also computes its input's gradient (as a middle stage
 would), so the equal-stages assumption of the bubble model holds by construction.
@@ -29,10 +30,13 @@ efficiency_vs_model = min over the measured M >= 4 of (measured / predicted); ta
 busy_vs_model = the same with busy_fraction (1 - the measured bubble) in place of measured efficiency.
 
 On a 2-core CPU the two stages take both cores, and gloo's I/O threads must preempt them to move
-an activation: a 256 KB tensor already sent can wait ~4 ms to arrive, and the first backward of a
-step can take 1.7x the others. Measured on a quiet 2-core machine: efficiency_vs_model 0.80-0.91
-(six runs; below 0.85 in two), busy_vs_model 0.80-0.85; with stage times taken once before all
-steps instead of before each, 0.6-1.0. On GPUs, or with more cores than stages, the CPU is free for the I/O.
+an activation: each transfer is a round of thread wake-ups on both ranks, milliseconds when the
+cores are busy. `pipeline.run_schedule` therefore posts the receive for its next op before
+computing the current one, so the data travels during compute; before it did, every backward on
+stage 0 started 3-5 ms late and efficiency_vs_model was 0.80-0.91 (4 layers per stage). With
+prefetching, six runs of this bench on a quiet 2-core machine: efficiency_vs_model 0.887-0.950,
+busy_vs_model 0.92-0.97 (about 23 s each). On GPUs, or with more cores than stages, the CPU is free
+for the I/O.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ from .launch import launch
 from .pipeline import StepResult, device_of_rank, run_schedule, sync
 
 K = 2
+LAYERS = 8
 MS, QUICK_MS = (1, 2, 4, 8), (1, 4)
 
 
@@ -136,7 +141,7 @@ def _send_seconds(x, rank: int, reps: int = 10) -> float:
 
 
 def pipeline_timing(rank: int, world_size: int, Ms=MS, steps: int = 10, micro_batch: int = 64, width: int = 1024,
-                    layers: int = 4, work: str = "matmul", sleep_ms: float = 10.0, schedule: str = "gpipe") -> dict:
+                    layers: int = LAYERS, work: str = "matmul", sleep_ms: float = 10.0, schedule: str = "gpipe") -> dict:
     """Worker: this rank's stage times, send time, and per M the wall and busy seconds of pipelined steps.
 
     Returns {"stage_s", "alone_s", "send_s", "by_M": {M: {"wall_s", "busy_s", "events", "steps"}}}: the
@@ -212,7 +217,7 @@ def run(quick: bool = False):
                "stage_alone_ms": [round(1e3 * r["alone_s"], 2) for r in results],
                "stage_imbalance": round(max(stage) / (sum(stage) / len(stage)), 3),
                "send_ms": round(1e3 * max(r["send_s"] for r in results), 3),
-               "K": K, "micro_batch": 64, "width": 1024, "layers_per_stage": 4, "threads_per_rank": 1,
+               "K": K, "micro_batch": 64, "width": 1024, "layers_per_stage": LAYERS, "threads_per_rank": 1,
                "steps": steps, "quick": quick}
-    return BenchResult(f"GPipe on K={K} ranks (4 x Linear(1024) per stage, micro-batch 64, one thread per rank): "
+    return BenchResult(f"GPipe on K={K} ranks ({LAYERS} x Linear(1024) per stage, micro-batch 64, one thread per rank): "
                        f"measured efficiency = M x sum(stage times) / K / wall", rows, summary)
