@@ -462,7 +462,7 @@ def _train(args, info, device, ddp: bool) -> dict:
         dist.all_reduce(rate)                # throughput of the whole job: the sum over ranks
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
             "strategy": args.strategy, "precision": args.precision, "world_size": info.world_size,
-            "memory_format": str(memory_format).removeprefix("torch."),
+            "memory_format": "channels_last" if memory_format is torch.channels_last else "contiguous",   # as the flag
             "epochs": args.epochs,
             "epochs_run": len(history.train_loss), "batch_size": args.batch_size,
             "global_batch_size": args.batch_size * info.world_size, "lr": args.lr, "optimizer": args.optimizer,

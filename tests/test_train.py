@@ -154,6 +154,7 @@ def test_cli_json_summary():
     assert {"test_accuracy", "train_seconds", "images_per_second", "world_size", "device"} <= set(summary)
     assert summary["world_size"] == 1 and summary["device"] == "cpu" and summary["train_samples"] == 512
     assert 0.5 < summary["test_accuracy"] <= 1.0 and summary["test_samples"] == 10_000
+    assert summary["memory_format"] == "contiguous"      # auto, for an MLP; named as --memory-format names it
 
 
 @needs_mnist
