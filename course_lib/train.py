@@ -168,7 +168,7 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
 def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, optimizer=None,
         lr: float = 1e-3, device=None, loss_fn=F.cross_entropy, scheduler=None, progress: bool = True,
         log=print, start_epoch: int = 0, on_epoch_end=None, skip_batches: int = 0, on_step_end=None,
-        precision: str = "32") -> History:
+        precision: str = "32", scaler=None) -> History:
     """Train `model` for `epochs` passes over `train_loader`; evaluate on `val_loader` each epoch.
 
     optimizer defaults to Adam(lr). `scheduler` is stepped every batch. `on_epoch_end(epoch,
@@ -178,6 +178,8 @@ def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, opt
     `on_step_end(epoch, batches_done)` runs after every optimizer step.
     precision: "32" (default), "bf16" (autocast; CPU or GPU) or "16" (autocast + GradScaler; CUDA
     only). The parameters stay fp32 (the master weights); evaluation runs in fp32.
+    scaler: the GradScaler to use; "16" makes one when None. Pass your own to checkpoint its state
+    (the current scale and its growth counter), so a resumed run scales as the interrupted one would.
     """
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int; got {epochs!r}")
@@ -187,7 +189,7 @@ def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, opt
     check_precision(precision, device)
     model.to(device)
     optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
-    scaler = grad_scaler(precision, device)
+    scaler = scaler if scaler is not None else grad_scaler(precision, device)
     history = History()
     for epoch in range(start_epoch, start_epoch + epochs):
         # Reshuffle per epoch wherever the order lives: our loaders, a DistributedSampler, a ShardStream.
@@ -390,6 +392,7 @@ def _train(args, info, device, ddp: bool) -> dict:
     if fsdp:
         shard_model(model)                   # before the optimizer: it must see the sharded parameters
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr)
+    scaler = grad_scaler(args.precision, device)      # fp16: None otherwise
     steps_per_epoch = len(train_loader)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, epochs=args.epochs,
                                                     steps_per_epoch=steps_per_epoch)
@@ -409,6 +412,8 @@ def _train(args, info, device, ddp: bool) -> dict:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
         rngs = state.get("rng_per_rank")
         rng = rngs[info.rank] if rngs and len(rngs) == info.world_size else state["rng"]
         torch.set_rng_state(rng.cpu())
@@ -438,6 +443,7 @@ def _train(args, info, device, ddp: bool) -> dict:
                                         "step": epoch * steps_per_epoch + batches_done,
                                         "world_size": info.world_size, "model": model_state,
                                         "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
+                                        "scaler": scaler.state_dict() if scaler is not None else None,
                                         "rng": rng, "rng_per_rank": rngs})
         if ddp:
             dist.barrier()
@@ -455,7 +461,8 @@ def _train(args, info, device, ddp: bool) -> dict:
     history = fit(train_model, train_loader, test_loader, epochs=max(args.epochs - start, 0), optimizer=optimizer,
                   device=device, scheduler=scheduler, progress=not args.no_progress and info.is_main, log=log,
                   start_epoch=start, skip_batches=skip, on_step_end=on_step_end,
-                  on_epoch_end=lambda epoch, _h: checkpoint(epoch, steps_per_epoch), precision=args.precision)
+                  on_epoch_end=lambda epoch, _h: checkpoint(epoch, steps_per_epoch), precision=args.precision,
+                  scaler=scaler)
     test_loss, test_acc = evaluate(model, test_loader, device)
     rate = torch.tensor([history.mean_images_per_second], dtype=torch.float64, device=device)
     if ddp:

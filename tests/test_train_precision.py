@@ -106,3 +106,34 @@ def test_precision_benchmark_quick(capsys):
     assert summary["bf16_speedup"] > 0 and 0 < summary["bf16_saved_activation_ratio"] < 1
     assert summary["data"].startswith("1,000 training images (subset of")
     assert "bf16" in out and "images/s" in out                           # the table
+
+
+@needs_mnist
+def test_resume_restores_the_loss_scale(tmp_path, monkeypatch):
+    """The fp16 path's GradScaler state lives in the checkpoint. Driven on CPU: the CLI's scaler is
+    torch's GradScaler("cpu") growing every 2 steps, so a resumed run that started again from the
+    initial scale would end with another scale (and other weights) than the uninterrupted run."""
+    import course_lib.checkpoint as ckpt
+    from course_lib.checkpoint import load_checkpoint
+
+    monkeypatch.setattr(train, "grad_scaler", lambda precision, device: torch.amp.GradScaler(
+        "cpu", init_scale=2.0**4, growth_interval=2))
+    common = ["--epochs", "2", "--train-subset", "256", "--batch-size", "32", "--no-progress", "--model", "lenet300"]
+    train.run(train.build_parser().parse_args(common + ["--checkpoint-dir", str(tmp_path / "a")]))
+    original, saves = ckpt.save_checkpoint, []
+
+    def crash_after_first_epoch(path, state):
+        original(path, state)
+        saves.append(state["scaler"]["scale"])
+        if len(saves) == 1:
+            raise KeyboardInterrupt("worker killed")
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", crash_after_first_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(train.build_parser().parse_args(common + ["--checkpoint-dir", str(tmp_path / "b")]))
+    train.run(train.build_parser().parse_args(common + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"]))
+    a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" / "last.pt")
+    assert saves[0] == 2.0**4 * 2 ** 4                       # 8 steps in epoch 1: grew 4 times
+    assert a["scaler"] == b["scaler"] and a["scaler"]["scale"] == 2.0**4 * 2 ** 8
+    for key in a["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-5, atol=1e-6)
