@@ -189,6 +189,8 @@ def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, opt
     check_precision(precision, device)
     model.to(device)
     optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(f"scaler must be a torch.amp.GradScaler or None; got {type(scaler).__name__}")
     scaler = scaler if scaler is not None else grad_scaler(precision, device)
     history = History()
     for epoch in range(start_epoch, start_epoch + epochs):

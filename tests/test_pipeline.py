@@ -83,7 +83,7 @@ def test_summarize_defines_efficiency_from_stage_times():
     fake = [{"by_M": {4: {"wall_s": 0.05, "busy_s": 0.03, "steps": [(0.05, 0.01), (0.1, 0.02)]}}},
             {"by_M": {4: {"wall_s": 0.049, "busy_s": 0.03, "steps": [(0.049, 0.01), (0.09, 0.02)]}}}]
     (row,) = bench_pipeline.summarize(fake, [4])      # the slowest rank's wall counts
-    assert row["predicted"] == 0.8 and row["measured"] == 0.8          # 4 x 0.02 s / 2 ranks / 0.05 s, 4 x 0.04 / 2 / 0.1
+    assert row["predicted"] == 0.8 and row["measured"] == 0.8     # 4 x 0.02 s / 2 ranks / 0.05 s; 4 x 0.04 / 2 / 0.1
     assert row["measured/predicted"] == 1.0 and row["busy fraction"] == 0.6    # 0.06 / (2 x 0.05)
 
 

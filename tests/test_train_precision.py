@@ -39,6 +39,8 @@ def test_fit_refuses_fp16_on_cpu_and_unknown_precisions():
         fit(tiny_model(), TensorLoader(x, y, batch_size=32), device="cpu", precision="16", progress=False, log=None)
     with pytest.raises(ValueError, match="precision must be one of"):
         fit(tiny_model(), TensorLoader(x, y, batch_size=32), precision="fp8", progress=False, log=None)
+    with pytest.raises(TypeError, match="scaler must be a torch.amp.GradScaler or None; got float"):
+        fit(tiny_model(), TensorLoader(x, y, batch_size=32), scaler=2.0**16, progress=False, log=None)
 
 
 @pytest.mark.parametrize("blow_up", [1.0, 1e35])

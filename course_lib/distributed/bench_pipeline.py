@@ -141,7 +141,8 @@ def _send_seconds(x, rank: int, reps: int = 10) -> float:
 
 
 def pipeline_timing(rank: int, world_size: int, Ms=MS, steps: int = 10, micro_batch: int = 64, width: int = 1024,
-                    layers: int = LAYERS, work: str = "matmul", sleep_ms: float = 10.0, schedule: str = "gpipe") -> dict:
+                    layers: int = LAYERS, work: str = "matmul", sleep_ms: float = 10.0,
+                    schedule: str = "gpipe") -> dict:
     """Worker: this rank's stage times, send time, and per M the wall and busy seconds of pipelined steps.
 
     Returns {"stage_s", "alone_s", "send_s", "by_M": {M: {"wall_s", "busy_s", "events", "steps"}}}: the
@@ -219,5 +220,5 @@ def run(quick: bool = False):
                "send_ms": round(1e3 * max(r["send_s"] for r in results), 3),
                "K": K, "micro_batch": 64, "width": 1024, "layers_per_stage": LAYERS, "threads_per_rank": 1,
                "steps": steps, "quick": quick}
-    return BenchResult(f"GPipe on K={K} ranks ({LAYERS} x Linear(1024) per stage, micro-batch 64, one thread per rank): "
-                       f"measured efficiency = M x sum(stage times) / K / wall", rows, summary)
+    return BenchResult(f"GPipe on K={K} ranks ({LAYERS} x Linear(1024) per stage, micro-batch 64, one thread per "
+                       f"rank): measured efficiency = M x sum(stage times) / K / wall", rows, summary)
