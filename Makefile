@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# MNIST lives in the clone's data/ (git ignores it) unless COURSE_DATA_DIR says otherwise.
+export COURSE_DATA_DIR ?= $(CURDIR)/data
 # Jupyter refuses to run as root (containers, some classroom VMs) unless told it is deliberate.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 

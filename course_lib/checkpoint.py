@@ -39,3 +39,77 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     return torch.load(path, map_location=map_location, weights_only=True)
+
+
+class Checkpointer:
+    """DIR/last.pt of a training run: model, optimizer, scheduler, loss scaler, every rank's RNG, position.
+
+        ckpt = Checkpointer("runs/a", strategy, "net", model, optimizer, scheduler, scaler, steps_per_epoch, every=50)
+        start_epoch, skip_batches = ckpt.restore()         # (0, 0) when there is nothing to resume
+        fit(..., on_step_end=ckpt.on_step_end, on_epoch_end=ckpt.on_epoch_end)
+
+    Every rank calls `save` (under FSDP gathering the state is a collective); rank 0 writes the
+    file atomically, then all ranks wait for it. A run resumed from it, also mid-epoch (`every`
+    optimizer steps), ends with the weights of the uninterrupted run: each rank gets its own RNG
+    state back and the batches already trained in the epoch are skipped.
+    `strategy` is a `course_lib.strategy` object (rank, gather, barrier, state dicts).
+    """
+
+    def __init__(self, directory, strategy, model_name: str, model, optimizer, scheduler, scaler,
+                 steps_per_epoch: int, every: int | None = None):
+        self.path = Path(directory) / "last.pt"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"checkpoint directory {str(directory)!r} cannot be created: {exc.strerror}") from None
+        self.strategy, self.model_name, self.steps_per_epoch, self.every = strategy, model_name, steps_per_epoch, every
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.resumed_step = None      # the global step `restore` found
+
+    def save(self, epoch: int, batches_done: int) -> None:
+        """Write the state after `batches_done` batches of `epoch` (all ranks call this)."""
+        rng = torch.get_rng_state()
+        rngs = self.strategy.gather(rng)
+        model_state, optimizer_state = self.strategy.state_dicts(self.model, self.optimizer)
+        if self.strategy.info.is_main:
+            save_checkpoint(self.path, {
+                "model_name": self.model_name, "epoch": epoch, "batches_done": batches_done,
+                "step": epoch * self.steps_per_epoch + batches_done, "world_size": self.strategy.info.world_size,
+                "model": model_state, "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "rng": rng, "rng_per_rank": rngs})
+        self.strategy.barrier()
+
+    def on_step_end(self, epoch: int, batches_done: int) -> None:
+        """For `fit`: save every `every` optimizer steps (epoch ends are saved by `on_epoch_end`)."""
+        step = epoch * self.steps_per_epoch + batches_done
+        if self.every and step % self.every == 0 and batches_done < self.steps_per_epoch:
+            self.save(epoch, batches_done)
+
+    def on_epoch_end(self, epoch: int, history=None) -> None:
+        """For `fit`: save at the end of every epoch."""
+        self.save(epoch, self.steps_per_epoch)
+
+    def restore(self, device="cpu") -> tuple[int, int]:
+        """Load last.pt if it exists: (epoch to start at, batches of it to skip); (0, 0) if there is none."""
+        from .strategy import is_fsdp_state
+
+        if not self.path.is_file():
+            return 0, 0
+        state = load_checkpoint(self.path, map_location=device)
+        if state["model_name"] != self.model_name:
+            raise SystemExit(f"{self.path} holds a {state['model_name']!r} model, not --model {self.model_name!r}")
+        by_name, fsdp = is_fsdp_state(state["optimizer"]), self.strategy.name == "fsdp"
+        if by_name != fsdp:
+            word = "with" if by_name else "without"
+            raise SystemExit(f"{self.path} was written {word} --strategy fsdp; resume it {word} fsdp "
+                             "(fsdp keys optimizer state by parameter name)")
+        self.strategy.load_state_dicts(self.model, self.optimizer, state["model"], state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        info, rngs = self.strategy.info, state.get("rng_per_rank")
+        torch.set_rng_state((rngs[info.rank] if rngs and len(rngs) == info.world_size else state["rng"]).cpu())
+        done = state.get("batches_done", self.steps_per_epoch)   # epoch-end checkpoints: the epoch is complete
+        self.resumed_step = state.get("step")
+        return (state["epoch"] + 1, 0) if done >= self.steps_per_epoch else (state["epoch"], done)

@@ -30,7 +30,6 @@ RAW_FILES = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 SPLITS = tuple(RAW_FILES)
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DOWNLOAD_TIMEOUT_S = 10  # per connection; torchvision tries two mirrors
 
 
@@ -38,10 +37,18 @@ class MNISTNotFoundError(FileNotFoundError):
     """MNIST is not on disk and could not be downloaded; the message says how to fix it."""
 
 
+def cache_dir() -> Path:
+    """Where course_lib keeps what it downloads or computes once: $COURSE_CACHE_DIR, else
+    $XDG_CACHE_HOME/course_lib, else ~/.cache/course_lib (never inside the installed package)."""
+    if os.environ.get("COURSE_CACHE_DIR"):
+        return Path(os.environ["COURSE_CACHE_DIR"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "course_lib"
+
+
 def data_root() -> Path:
-    """`$COURSE_DATA_DIR` if set, else `data/` at the repository root."""
+    """`$COURSE_DATA_DIR` if set, else `data/` in the cache (`make lab`/`make test` set it to the clone's data/)."""
     env = os.environ.get("COURSE_DATA_DIR")
-    return Path(env).expanduser() if env else REPO_ROOT / "data"
+    return Path(env).expanduser() if env else cache_dir() / "data"
 
 
 def _resolve_root(root) -> Path:
@@ -269,3 +276,20 @@ class ShardStream(IterableDataset):
             order = torch.randperm(len(labels), generator=g) if self.shuffle else range(len(labels))
             for i in order:
                 yield images[i], labels[i]
+
+
+STAND_IN_TRAIN_SIZE, FULL_MNIST_TRAIN_SIZE = 5000, 60000
+
+
+def data_label(n_used: int, n_split: int) -> str:
+    """Say which training data a figure comes from: stand-in figures are lower than full MNIST's."""
+    source = {STAND_IN_TRAIN_SIZE: "offline stand-in", FULL_MNIST_TRAIN_SIZE: "full MNIST"}.get(
+        n_split, f"MNIST training split of {n_split:,}")
+    if n_used < n_split:
+        return f"{n_used:,} training images (subset of the {source})"
+    return f"{n_used:,} training images ({source})"
+
+
+def train_split_size(root=None) -> int:
+    """How many images the training split at `root` holds (5,000 for the stand-in, 60,000 for MNIST)."""
+    return len(mnist_dataset("train", root, transform=None))

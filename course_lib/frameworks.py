@@ -11,24 +11,31 @@ one-cycle schedule stepped every batch, cross-entropy); the Trainer does the eng
 group, DistributedSampler and set_epoch, device placement, rank-0 logging, checkpoints. It lives
 in a module because a spawned process (strategy="ddp_spawn") must import it by name.
 
-`engineering_table()` counts, in course_lib's own source, the lines that do each of those jobs by
-hand (counted from the code at run time, so notebook 16's table stays true when the code changes).
+`engineering_table()` counts the code lines of the course_lib functions and classes that do each
+of those jobs by hand (`ENGINEERING_JOBS`, a table of names: counted from the code at run time, so
+notebook 16's table stays true when the code changes).
 `manual_accumulate_and_clip` is the raw-PyTorch meaning of two Trainer flags, and `FlagProbe` a tiny
 LightningModule that records what the Trainer did, to check such mappings.
 """
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import io
 import textwrap
 import tokenize
 
-import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+try:
+    import lightning.pytorch as L
+except ImportError as exc:   # lightning is an extra: the rest of course_lib does not need it
+    raise ImportError("course_lib.frameworks (lecture 16) needs Lightning: pip install 'course_lib[frameworks]' "
+                      "(or pip install lightning)") from exc
 
 
 class LitClassifier(L.LightningModule):
@@ -97,71 +104,42 @@ def code_lines(source: str) -> list[str]:
     return [lines[i - 1] for i in sorted(code_rows - docstrings)]
 
 
-def nested_function(func, name: str) -> str:
-    """The source of the function `name` defined inside `func`."""
-    source = textwrap.dedent(inspect.getsource(func))
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            return ast.get_source_segment(source, node)
-    raise LookupError(f"{func.__qualname__} defines no function {name!r}")
+# One row per engineering job that `python -m course_lib.train --strategy ddp` does by hand: the
+# course_lib objects that do it (whole functions, classes or methods, "module:qualname") and what
+# replaces them in Lightning. Lines are counted in those objects as they are now.
+ENGINEERING_JOBS = [
+    ("process group, backend, one device per rank",
+     ["course_lib.strategy:setup_strategy", "course_lib.strategy:_join_process_group"],
+     '`Trainer(accelerator=..., devices=N, strategy="ddp")`'),
+    ("wrap the model in DDP; gather, sum and wait across ranks",
+     ["course_lib.strategy:DDP"], "the strategy does it"),
+    ("shard the data per rank; reshuffle each epoch",
+     ["course_lib.distributed.ddp:shard_indices", "course_lib.distributed.ddp:ShardedTensorLoader",
+      "course_lib.train:_loaders"], "a `DistributedSampler` injected, `set_epoch` called"),
+    ("device placement", ["course_lib.loop:_to", "course_lib.env:get_device"],
+     "`accelerator=` moves the model and the batches"),
+    ("checkpoint on rank 0 behind a barrier; resume",
+     ["course_lib.checkpoint:save_checkpoint", "course_lib.checkpoint:load_checkpoint",
+      "course_lib.checkpoint:Checkpointer"], '`ModelCheckpoint` callback; `trainer.fit(..., ckpt_path="last")`'),
+]
 
 
-def statements_mentioning(func, *words: str) -> list[str]:
-    """Code lines of the statements in `func` whose own text (a block's header line) contains one of `words`.
-
-    A matching `if`/`for`/`with` counts with its whole block; otherwise the search goes inside it.
-    """
-    source = textwrap.dedent(inspect.getsource(func))
-    lines, keep = source.splitlines(), set()
-
-    def visit(statements):
-        for node in statements:
-            inner = [n for field in ("body", "orelse", "finalbody", "handlers") for n in getattr(node, field, [])
-                     if isinstance(n, (ast.stmt, ast.excepthandler))]
-            own = lines[node.lineno - 1:(inner[0].lineno - 1 if inner else node.end_lineno)]
-            if any(w in text for text in own for w in words):
-                keep.update(range(node.lineno, node.end_lineno + 1))
-            else:
-                visit(inner)
-
-    visit(ast.parse(source).body[0].body)
-    code = set(code_lines(source))
-    return [lines[i - 1] for i in sorted(keep) if lines[i - 1] in code]
+def _resolve(name: str):
+    module, _, qualname = name.partition(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def engineering_table() -> list[dict]:
     """One row per engineering job: where course_lib does it by hand, how many code lines, and Lightning's way."""
-    from . import checkpoint, train
-    from .distributed import ddp
-
-    rows = [
-        ("process group, backend, one device per rank", "`train._setup_strategy`",
-         code_lines(inspect.getsource(train._setup_strategy)),
-         '`Trainer(accelerator=..., devices=N, strategy="ddp")`'),
-        ("wrap the model in DDP", "statements of `train._train`",
-         statements_mentioning(train._train, "DistributedDataParallel", "train_model = model"),
-         "the strategy does it"),
-        ("shard the data per rank; reshuffle each epoch",
-         "`ddp.shard_indices`, `ddp.ShardedTensorLoader`, `set_epoch` in `train.fit`",
-         code_lines(inspect.getsource(ddp.shard_indices)) + code_lines(inspect.getsource(ddp.ShardedTensorLoader))
-         + statements_mentioning(train.fit, "set_epoch"), "a `DistributedSampler` injected, `set_epoch` called"),
-        ("device placement", "`train._to`, `.to(device)` in `train._train`",
-         code_lines(inspect.getsource(train._to)) + statements_mentioning(train._train, ".to(device)"),
-         "`accelerator=` moves the model and the batches"),
-        ("log from rank 0 only; sum throughput over ranks", "statements of `train._train` and `train.main`",
-         statements_mentioning(train._train, "log = ", "all_reduce(rate")
-         + statements_mentioning(train.main, "is_main"),
-         "`self.log(..., sync_dist=True)`; loggers write on rank 0"),
-        ("checkpoint on rank 0 behind a barrier; resume",
-         "`checkpoint.save_checkpoint`/`load_checkpoint`, `checkpoint()` and resume in `train._train`",
-         code_lines(inspect.getsource(checkpoint.save_checkpoint))
-         + code_lines(inspect.getsource(checkpoint.load_checkpoint))
-         + code_lines(nested_function(train._train, "checkpoint"))
-         + statements_mentioning(train._train, "args.resume", "ckpt_path =", "checkpoint_every"),
-         '`ModelCheckpoint` callback; `trainer.fit(..., ckpt_path="last")`'),
-    ]
-    return [{"job": job, "course_lib": where, "lines": len(lines), "lightning": instead}
-            for job, where, lines, instead in rows]
+    rows = []
+    for job, names, instead in ENGINEERING_JOBS:
+        lines = sum(len(code_lines(inspect.getsource(_resolve(n)))) for n in names)
+        where = ", ".join(f"`{n.replace(':', '.').removeprefix('course_lib.')}`" for n in names)
+        rows.append({"job": job, "course_lib": where, "lines": lines, "lightning": instead})
+    return rows
 
 
 # --- Trainer flags, in raw PyTorch ----------------------------------------------------------------

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 
 from .data import mnist_dataset
-from .train import History
+from .loop import History
 from .validate import positive_int
 
 

@@ -199,7 +199,7 @@ def test_fit_trains_on_a_shardstream_dataloader(tmp_path):
     """A DataLoader over an IterableDataset has no len(): fit must still train and advance epochs."""
     from torch import nn
 
-    from course_lib.train import fit
+    from course_lib.loop import fit
 
     paths, _, _ = make_shards(tmp_path, n=40, shard_size=8)
     stream = ShardStream(paths, shuffle=True, seed=0)
@@ -231,7 +231,11 @@ def test_data_root_follows_course_data_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
     assert data_root() == tmp_path
     monkeypatch.delenv("COURSE_DATA_DIR")
-    assert data_root() == data.REPO_ROOT / "data"
+    monkeypatch.setenv("COURSE_CACHE_DIR", str(tmp_path / "cache"))
+    assert data_root() == tmp_path / "cache" / "data"     # never inside the installed package
+    monkeypatch.delenv("COURSE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert data_root() == tmp_path / "xdg" / "course_lib" / "data"
     status = find_mnist(tmp_path)
     assert not status.ok and len(status.missing) == 4 and "0/4" in status.summary
 

@@ -1,5 +1,6 @@
 """course_lib.frameworks: the LightningModule trains as course_lib.train does; counting code lines; flag mappings."""
 import copy
+import inspect
 import textwrap
 
 import pytest
@@ -11,7 +12,7 @@ L = pytest.importorskip("lightning.pytorch")
 from conftest import needs_mnist  # noqa: E402
 from course_lib import frameworks  # noqa: E402
 from course_lib.data import TensorLoader  # noqa: E402
-from course_lib.train import fit  # noqa: E402
+from course_lib.loop import fit  # noqa: E402
 
 SAMPLE = '''
 def outer(a):
@@ -36,24 +37,21 @@ def test_code_lines_skip_blank_lines_comments_and_docstrings():
                                                        "return", "return"]
 
 
-def test_statements_mentioning_counts_whole_blocks_by_their_header(tmp_path):
-    namespace = {}
-    exec(compile(textwrap.dedent(SAMPLE), str(tmp_path / "sample.py"), "exec"), namespace)
-    (tmp_path / "sample.py").write_text(textwrap.dedent(SAMPLE))
-    outer = namespace["outer"]
-    assert [ln.strip() for ln in frameworks.statements_mentioning(outer, "if a")] == [
-        "if a:                      # header mentions a", "b = a + 1", "c = b * 2"]
-    assert [ln.strip() for ln in frameworks.statements_mentioning(outer, "checkpoint")] == ['print("checkpoint", i)']
-    assert frameworks.nested_function(outer, "inner").startswith("def inner")
-    with pytest.raises(LookupError, match="nope"):
-        frameworks.nested_function(outer, "nope")
-
-
 def test_engineering_table_finds_every_job_in_course_lib():
     rows = frameworks.engineering_table()
-    assert len(rows) == 6 and all(r["lines"] > 0 and r["course_lib"] and r["lightning"] for r in rows)
+    assert len(rows) == len(frameworks.ENGINEERING_JOBS) == 5
+    assert all(r["lines"] > 0 and r["course_lib"] and r["lightning"] for r in rows)
     by_job = {r["job"]: r["lines"] for r in rows}
     assert by_job["process group, backend, one device per rank"] >= 10
+    assert "`strategy.setup_strategy`" in rows[0]["course_lib"]
+
+
+def test_engineering_table_counts_whole_objects_so_a_renamed_local_changes_nothing():
+    from course_lib import strategy
+
+    counted = len(frameworks.code_lines(inspect.getsource(strategy.DDP)))
+    assert {r["job"]: r["lines"] for r in frameworks.engineering_table()}[
+        "wrap the model in DDP; gather, sum and wait across ranks"] == counted
 
 
 def tiny_data(n=7 * 16, seed=0):
@@ -62,7 +60,7 @@ def tiny_data(n=7 * 16, seed=0):
 
 
 def test_lit_classifier_trains_exactly_like_course_lib_fit():
-    """One device, the same batches: Lightning's loop == course_lib.train.fit (Adam + one-cycle per step)."""
+    """One device, the same batches: Lightning's loop == course_lib.loop.fit (Adam + one-cycle per step)."""
     x, y = tiny_data()
     torch.manual_seed(0)
     lit = frameworks.LitClassifier("lenet300", lr=1e-2)

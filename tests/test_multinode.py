@@ -6,51 +6,22 @@ node with a worker killed mid-training) and then check that no process they star
 import os
 import subprocess
 import sys
-import textwrap
-import uuid
-from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import needs_mnist
 from course_lib.checkpoint import load_checkpoint
-from course_lib.distributed.multinode import alive, last_json, run_commands, run_nodes, torchrun_command, whoami
+from course_lib.distributed.multinode import last_json, run_nodes, torchrun_command, whoami
+from course_lib.processes import run_commands
 from course_lib.train import build_parser
 from nbtools import ROOT
+from test_processes import marker  # noqa: F401 - the fixture: nothing a test starts may outlive it
 
 SBATCH = ROOT / "slurm" / "train_multinode.sbatch"
 TRAIN_OPTIONS = {a for action in build_parser()._actions for a in action.option_strings}
-TRAIN_SOURCE = (ROOT / "course_lib" / "train.py").read_text()
 needs_ddp = pytest.mark.skipif("--strategy" not in TRAIN_OPTIONS,
                                reason="course_lib.train has no --strategy ddp yet")
-needs_fail_hook = pytest.mark.skipif(not {"--strategy", "--checkpoint-every"} <= TRAIN_OPTIONS
-                                     or "COURSE_FAIL_AT_STEP" not in TRAIN_SOURCE,
-                                     reason="course_lib.train lacks --checkpoint-every or the COURSE_FAIL_AT_STEP hook")
-
-
-def processes_with_marker(marker: str) -> list[int]:
-    """Live processes whose environment holds COURSE_TEST_MARKER=marker (Linux /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if f"COURSE_TEST_MARKER={marker}".encode() in environ.split(b"\0") and alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
-@pytest.fixture
-def marker():
-    """An environment marker for every process a test starts; afterwards none may be alive."""
-    value = uuid.uuid4().hex
-    yield value
-    if Path("/proc/self/environ").exists():
-        assert processes_with_marker(value) == [], "processes started by the test outlived it (orphans)"
 
 
 # --- argv ------------------------------------------------------------------------------------
@@ -84,13 +55,6 @@ def test_torchrun_command_rejects_bad_input(kwargs, error):
         torchrun_command(**kwargs)
 
 
-def test_run_commands_rejects_bad_timeout_and_env():
-    with pytest.raises(ValueError, match="timeout"):
-        run_commands([["true"]], timeout=0)
-    with pytest.raises(TypeError, match="env"):
-        run_commands([["true"], ["true"]], env=[{}])
-
-
 def test_last_json_and_whoami(monkeypatch):
     assert last_json('log line\n{"world_size": 2}\n[1, 2]\nbye\n') == {"world_size": 2}
     with pytest.raises(ValueError, match="no JSON object"):
@@ -99,35 +63,6 @@ def test_last_json_and_whoami(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     me = whoami()
     assert me["RANK"] == "3" and me["LOCAL_RANK"] == "1" and me["pid"] == os.getpid()
-
-
-# --- the process runner, without torch: fast ---------------------------------------------------
-
-HANGS_WITH_A_DETACHED_CHILD = textwrap.dedent("""
-    import subprocess, sys, time
-    # like torchrun: the worker is in a session of its own, out of reach of killpg(parent)
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
-    print("started", flush=True)
-    time.sleep(300)
-""")
-
-
-@pytest.mark.timeout(60)
-def test_a_timeout_kills_the_whole_tree_including_detached_workers(marker):
-    cmd = [sys.executable, "-c", HANGS_WITH_A_DETACHED_CHILD]
-    (code, out, _, timed_out, pids), = run_commands([cmd], timeout=3, env={"COURSE_TEST_MARKER": marker}, grace=1)
-    assert timed_out and code != 0 and "started" in out
-    assert len(pids) >= 2 and not any(alive(p) for p in pids)
-
-
-@pytest.mark.timeout(60)
-def test_a_failing_node_stops_the_others_after_the_grace_period(marker):
-    fail = [sys.executable, "-c", "import sys; print('node failed', file=sys.stderr); sys.exit(3)"]
-    hang = [sys.executable, "-c", "import time; time.sleep(300)"]
-    (c0, _, e0, t0, _), (c1, _, _, t1, pids) = run_commands([fail, hang], timeout=60, grace=1,
-                                                           env={"COURSE_TEST_MARKER": marker})
-    assert c0 == 3 and "node failed" in e0 and not t0 and not t1
-    assert c1 != 0 and not any(alive(p) for p in pids)
 
 
 # --- SLURM template ------------------------------------------------------------------------------
@@ -188,7 +123,6 @@ def test_two_nodes_on_localhost_train_as_one_world(marker):
 
 
 @needs_mnist
-@needs_fail_hook
 @pytest.mark.timeout(120)
 def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_with_the_same_weights(tmp_path, marker):
     # 256 images, 2 ranks x 32 per batch: 4 steps per epoch, 8 in all; checkpoints at steps 3 and 6;
@@ -197,10 +131,11 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_with_the_same_weigh
             "--resume"]
     # both runs at once (run_commands), each `torchrun --standalone --nproc_per_node 2 --max-restarts 1`
     (code_a, _, err_a, _, _), (code_b, out_b, err_b, _, _) = run_commands(
-        [torchrun_command([*args, "--checkpoint-dir", str(tmp_path / name)], nproc_per_node=2, max_restarts=1)
-         for name in ("clean", "crash")],
-        env=[{"COURSE_TEST_MARKER": marker},
-             {"COURSE_TEST_MARKER": marker, "COURSE_FAIL_AT_STEP": "5", "COURSE_FAIL_RANK": "1"}], timeout=100)
+        [torchrun_command([*module, *args[1:], "--checkpoint-dir", str(tmp_path / name)], nproc_per_node=2,
+                          max_restarts=1)
+         for name, module in (("clean", ["course_lib.train"]),
+                              ("crash", ["course_lib.distributed.faults", "--fail-at-step", "5", "--fail-rank", "1"]))],
+        env={"COURSE_TEST_MARKER": marker}, timeout=100)
     assert code_a == 0, err_a[-3000:]
     assert code_b == 0, err_b[-3000:]
     assert "rank 1 exits at step 5" in err_b, "the failure hook did not fire:\n" + err_b[-3000:]

@@ -8,11 +8,11 @@ import torch
 from torch import nn
 
 from conftest import needs_mnist
-from course_lib import train
+from course_lib import loop, train
 from course_lib.checkpoint import load_checkpoint
 from course_lib.data import TensorLoader
 from course_lib.env import seed_everything
-from course_lib.train import History, evaluate, fit, make_optimizer
+from course_lib.loop import History, evaluate, fit, make_optimizer
 
 
 def blobs(n=512, seed=0):
@@ -85,7 +85,7 @@ def test_plot_history_draws_losses_and_accuracy():
     import matplotlib
     matplotlib.use("Agg")
     _, hist = run_fit(epochs=2)
-    ax = train.plot_history(hist, title="t")
+    ax = loop.plot_history(hist, title="t")
     assert len(ax.lines) == 3 and ax.get_title() == "t"
 
 
@@ -187,3 +187,38 @@ def test_resume_after_a_crash_ends_with_the_same_weights(tmp_path, monkeypatch):
 
 def test_history_defaults_are_empty():
     assert History().mean_images_per_second == 0.0 and History().train_seconds == 0.0
+
+
+@needs_mnist
+def test_under_a_launcher_the_cli_leaves_without_interpreter_teardown():
+    """Under torchrun (MASTER_ADDR set) the CLI flushes and leaves with os._exit: no atexit handler runs,
+    and with it none of the interpreter teardown in which a gloo worker thread can abort a finished run
+    (SIGABRT). Without a launcher it exits normally. Either way the summary is printed and the code is 0."""
+    script = ("import atexit, runpy, sys; atexit.register(lambda: print('TEARDOWN RAN', flush=True)); "
+              "sys.argv[0] = 'course_lib.train'; runpy.run_module('course_lib.train', run_name='__main__')")
+    args = ["--model", "lenet300", "--epochs", "1", "--train-subset", "128", "--no-progress", "--json"]
+    launcher = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    for extra, teardown in (({}, True), (launcher, False)):
+        env = {k: v for k, v in os.environ.items() if k not in launcher}
+        out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
+                             env={**env, "TQDM_DISABLE": "1", **extra})
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1 - teardown])["world_size"] == 1
+        assert ("TEARDOWN RAN" in out.stdout) is teardown, out.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--train-subset", "100000000"], "--train-subset 100,000,000 is more than the training set holds"),
+])
+@needs_mnist
+def test_cli_refuses_a_subset_larger_than_the_training_set(args, message):
+    out = cli(*args, "--epochs", "1", "--no-progress")
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_says_when_the_checkpoint_folder_cannot_be_created(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    out = cli("--epochs", "1", "--train-subset", "64", "--no-progress", "--checkpoint-dir", str(blocker / "run"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cannot be created" in out.stderr and str(blocker / "run") in out.stderr

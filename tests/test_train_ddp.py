@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import needs_mnist
-from course_lib import train
+from course_lib import loop, train
+from course_lib.distributed import faults
 from course_lib.checkpoint import load_checkpoint
 from course_lib.distributed.launch import free_port
 
@@ -68,7 +69,7 @@ def test_launch_mistakes_are_clear_errors(monkeypatch, tmp_path):
     with pytest.raises(SystemExit):
         parse(["--checkpoint-every", "0"])
     with pytest.raises(ValueError, match="skip_batches"):
-        train.fit(torch.nn.Linear(2, 2), [], skip_batches=-1)
+        loop.fit(torch.nn.Linear(2, 2), [], skip_batches=-1)
 
 
 @needs_mnist
@@ -102,20 +103,26 @@ def test_resume_mid_epoch_ends_with_the_same_weights(tmp_path, monkeypatch):
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-5, atol=1e-6)
 
 
-def test_fail_hook_exits_only_on_its_rank_step_and_first_attempt(monkeypatch):
+def test_injected_fault_exits_only_on_its_rank_step_and_first_attempt(monkeypatch):
     exits = []
-    monkeypatch.setattr(train.os, "_exit", lambda code: exits.append(code))
-    monkeypatch.delenv("COURSE_FAIL_AT_STEP", raising=False)
-    train._fail_hook(0, 5)
-    assert exits == []
-    monkeypatch.setenv("COURSE_FAIL_AT_STEP", "5")
-    monkeypatch.setenv("COURSE_FAIL_RANK", "1")
+    monkeypatch.setattr(faults.os, "_exit", lambda code: exits.append(code))
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    train._fail_hook(0, 5)
-    train._fail_hook(1, 4)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    on_rank0 = faults.die_at(5, rank=1)
+    on_rank0(5)
+    monkeypatch.setenv("RANK", "1")
+    on_rank1 = faults.die_at(5, rank=1)
+    on_rank1(4)
     assert exits == []
-    train._fail_hook(1, 5)
+    on_rank1(5)
     assert exits == [1]
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    train._fail_hook(1, 5)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")     # the restarted attempt runs to the end
+    faults.die_at(5, rank=1)(5)
     assert exits == [1]
+
+
+def test_faults_cli_refuses_a_step_below_one(capsys):
+    with pytest.raises(SystemExit):
+        faults.main(["--fail-at-step", "0", "--epochs", "1"])
+    assert "--fail-at-step must be >= 1" in capsys.readouterr().err

@@ -6,8 +6,9 @@ import torch.distributed as dist
 from conftest import needs_mnist
 from course_lib import train
 from course_lib.checkpoint import load_checkpoint
-from course_lib.distributed.multinode import last_json, run_commands, torchrun_command
+from course_lib.distributed.multinode import last_json, torchrun_command
 from course_lib.models import LeNet300
+from course_lib.processes import run_commands
 
 # lenet300 has no dropout; 256 images, 2 ranks x 32 per batch: 4 steps per epoch, 8 in all.
 COMMON = ["course_lib.train", "--model", "lenet300", "--epochs", "2", "--train-subset", "256", "--batch-size", "32",
@@ -25,9 +26,11 @@ def test_fsdp_under_torchrun_equals_ddp_even_after_a_killed_rank_restarts(tmp_pa
     where ddp ended: same data order, same starting weights (rank 0's), gradients averaged either way."""
     env = {"TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
     (code_d, out_d, err_d, _, _), (code_f, out_f, err_f, _, _) = run_commands(
-        [torchrun_command([*COMMON, "--strategy", strategy, "--checkpoint-dir", str(tmp_path / strategy)],
-                          nproc_per_node=2, max_restarts=1) for strategy in ("ddp", "fsdp")],
-        env=[env, {**env, "COURSE_FAIL_AT_STEP": "5", "COURSE_FAIL_RANK": "1"}], timeout=220)
+        [torchrun_command([*module, *COMMON[1:], "--strategy", strategy, "--checkpoint-dir", str(tmp_path / strategy)],
+                          nproc_per_node=2, max_restarts=1)
+         for strategy, module in (("ddp", ["course_lib.train"]),
+                                  ("fsdp", ["course_lib.distributed.faults", "--fail-at-step", "5", "--fail-rank", "1"]))],
+        env=env, timeout=220)
     assert code_d == 0, err_d[-3000:]
     assert code_f == 0, err_f[-3000:]
     assert "rank 1 exits at step 5" in err_f, "the failure hook did not fire:\n" + err_f[-3000:]

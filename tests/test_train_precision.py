@@ -10,7 +10,7 @@ from conftest import needs_mnist
 from course_lib import bench, train
 from course_lib.data import TensorLoader
 from course_lib.env import seed_everything
-from course_lib.train import fit, train_epoch
+from course_lib.loop import fit, train_epoch
 from test_train import blobs, cli, tiny_model
 
 

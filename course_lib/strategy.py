@@ -1,0 +1,161 @@
+"""How the train CLI runs on one process or on many: the one seam between the loop and the launch.
+
+    strategy = setup_strategy("ddp", "auto", dist_info())   # joins the process group (gloo/nccl)
+    model = strategy.prepare(model)                          # fsdp: shard before the optimizer exists
+    train_model = strategy.wrap(model)                       # ddp: DistributedDataParallel
+    model_state, optimizer_state = strategy.state_dicts(model, optimizer)
+
+`Single` is one process. `DDP` is one process per rank under torchrun: every rank holds the whole
+model and DistributedDataParallel averages the gradients. `FSDP` (FSDP2, `fully_shard` per layer)
+keeps 1/N of the parameters, gradients and optimizer state on each rank; its checkpoints hold
+full state dicts gathered to rank 0, so they load into an unsharded model, and its optimizer
+state is keyed by parameter name (`is_fsdp_state` tells such a checkpoint apart).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .env import DistInfo, get_device
+
+STRATEGIES = ("single", "ddp", "fsdp")
+
+
+class Single:
+    """One process, one device: everything is local."""
+
+    name = "single"
+    distributed = False
+
+    def __init__(self, info: DistInfo, device: torch.device):
+        self.info, self.device = info, device
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Change the model in place before the optimizer sees its parameters (fsdp shards it)."""
+        return model
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The module `fit` trains (ddp: a DistributedDataParallel around `model`)."""
+        return model
+
+    def state_dicts(self, model: nn.Module, optimizer) -> tuple[dict, dict]:
+        """(model, optimizer) state dicts to checkpoint; every rank calls this."""
+        return model.state_dict(), optimizer.state_dict()
+
+    def load_state_dicts(self, model: nn.Module, optimizer, model_state: dict, optimizer_state: dict) -> None:
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+
+    def gather(self, obj) -> list:
+        """`obj` from every rank, in rank order."""
+        return [obj]
+
+    def barrier(self) -> None:
+        """Wait for every rank (nothing to wait for in one process)."""
+
+    def sum(self, value: float) -> float:
+        """The sum of `value` over the ranks."""
+        return value
+
+    def close(self) -> None:
+        """Leave the process group, if one was joined."""
+
+
+class DDP(Single):
+    """One process per rank; torch's DistributedDataParallel averages gradients in buckets."""
+
+    name = "ddp"
+    distributed = True
+
+    def wrap(self, model):
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def gather(self, obj):
+        out = [None] * self.info.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self):
+        dist.barrier()
+
+    def sum(self, value):
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.item()
+
+    def close(self):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class FSDP(DDP):
+    """FSDP2: each rank keeps 1/N of the parameters, gradients and optimizer state."""
+
+    name = "fsdp"
+
+    def prepare(self, model):
+        from .distributed.sharding import shard_model
+
+        shard_model(model)    # rank 0's weights, then fully_shard per layer
+        return model
+
+    def wrap(self, model):
+        return model          # fully_shard changed the model itself
+
+    def state_dicts(self, model, optimizer):
+        from .distributed.sharding import full_state_dicts
+
+        return full_state_dicts(model, optimizer)     # a collective: full tensors gathered to rank 0
+
+    def load_state_dicts(self, model, optimizer, model_state, optimizer_state):
+        from .distributed.sharding import load_full_state_dicts
+
+        load_full_state_dicts(model, optimizer, model_state, optimizer_state)
+
+
+def is_fsdp_state(optimizer_state: dict) -> bool:
+    """True for an optimizer state dict written by FSDP (keyed by parameter name, not by index)."""
+    params = optimizer_state["param_groups"][0]["params"]
+    return bool(params) and isinstance(params[0], str)
+
+
+def _join_process_group(info: DistInfo, device: torch.device) -> None:
+    timeout = datetime.timedelta(minutes=10)
+    # After a torchrun restart the rendezvous store still holds the dead attempt's addresses:
+    # give each attempt its own key space, or ranks would connect to the old, gone peers.
+    store = dist.PrefixStore(
+        f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+        dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size,
+                      is_master=False, timeout=timeout))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
+                            rank=info.rank, world_size=info.world_size, timeout=timeout)
+
+
+def setup_strategy(name: str, device: str, info: DistInfo) -> Single:
+    """The strategy `name` (one of STRATEGIES) on `device`; ddp and fsdp join the process group.
+
+    Raises SystemExit with the fix when the launch does not fit the strategy.
+    """
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}; got {name!r}")
+    if name == "single":
+        if info.world_size > 1:
+            raise SystemExit(f"WORLD_SIZE={info.world_size} but --strategy single: every rank would train its own "
+                             "model on all the data. Use --strategy ddp, or run one process without torchrun.")
+        return Single(info, get_device(device))
+    if "MASTER_ADDR" not in os.environ:
+        raise SystemExit(f"--strategy {name} needs a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR, e.g.\n"
+                         f"  torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy {name}")
+    dev = get_device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(dev)
+    elif dev.type != "cpu":
+        raise SystemExit(f"--strategy {name} runs on CPU (gloo) or CUDA (nccl), not {dev.type}")
+    _join_process_group(info, dev)
+    return (DDP if name == "ddp" else FSDP)(info, dev)
