@@ -1,11 +1,17 @@
+import ast
+import importlib
+import importlib.util
+import inspect
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 
 from conftest import needs_mnist
 from course_lib import bench
+from course_lib.data import data_label
 
 
 def test_unknown_benchmark_names_the_available_ones(capsys):
@@ -16,17 +22,56 @@ def test_unknown_benchmark_names_the_available_ones(capsys):
 
 
 def test_data_label_and_table():
-    assert bench.data_label(5000, 5000) == "5,000 training images (offline stand-in)"
-    assert bench.data_label(60000, 60000) == "60,000 training images (full MNIST)"
-    assert "subset of the offline stand-in" in bench.data_label(1000, 5000)
+    assert data_label(5000, 5000) == "5,000 training images (offline stand-in)"
+    assert data_label(60000, 60000) == "60,000 training images (full MNIST)"
+    assert "subset of the offline stand-in" in data_label(1000, 5000)
     table = bench.format_table([{"a": 1, "bb": "x"}, {"a": 12345, "bb": "yy"}])
     assert table.splitlines()[0].split() == ["a", "bb"] and "12,345" in table
 
 
-def test_register_adds_a_benchmark(monkeypatch):
-    monkeypatch.setattr(bench, "BENCHMARKS", dict(bench.BENCHMARKS))
-    bench.register("toy")(lambda data_dir, quick: bench.BenchResult("toy", [{"x": 1}], {"speedup": 2.0}))
-    assert bench.run_benchmark("toy").summary == {"speedup": 2.0}
+def test_one_registry_line_adds_a_benchmark(monkeypatch):
+    toy = types.ModuleType("toy_bench")
+    toy.run = lambda data_dir=None, quick=False: bench.BenchResult("toy", [{"x": 1}], {"speedup": 2.0, "quick": quick})
+    monkeypatch.setitem(sys.modules, "toy_bench", toy)
+    monkeypatch.setitem(bench.BENCHMARKS, "toy", bench.Benchmark("toy_bench", "a toy"))
+    assert bench.run_benchmark("toy", quick=True).summary == {"speedup": 2.0, "quick": True}
+
+
+@pytest.mark.parametrize("name", sorted(bench.BENCHMARKS))
+def test_every_registered_benchmark_imports_and_has_run(name):
+    entry = bench.BENCHMARKS[name]
+    assert entry.description and "\n" not in entry.description
+    module = entry.load()
+    assert module.__name__ == f"course_lib.bench.{name.replace('-', '_')}"
+    params = inspect.signature(module.run).parameters
+    assert [(p.name, p.default) for p in params.values()] == [("data_dir", None), ("quick", False)]
+
+
+def _package_imports(module) -> list[str]:
+    """The modules inside course_lib.bench that `module`'s source imports (relative or absolute)."""
+    names = []
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names += [node.module] if node.module else [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 2:     # from .. import bench, from ..bench import x
+            if (node.module or "").split(".")[0] == "bench" or any(a.name == "bench" for a in node.names):
+                names.append("<the registry>")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            full = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            names += [n for n in full if n == "course_lib.bench" or n.startswith("course_lib.bench.")]
+    return names
+
+
+def test_no_import_cycle_benchmarks_import_only_result(monkeypatch):
+    # result.py loads on its own, outside the package: it imports nothing from course_lib.bench.
+    spec = importlib.util.spec_from_file_location("standalone_result", bench.result.__file__)
+    standalone = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "standalone_result", standalone)
+    spec.loader.exec_module(standalone)
+    assert standalone.format_table([{"a": 1}]).split() == ["a", "-", "1"]
+    assert _package_imports(bench.result) == []
+    for name, entry in bench.BENCHMARKS.items():
+        assert set(_package_imports(entry.load())) <= {"result"}, name
 
 
 @needs_mnist

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from course_lib.distributed import costmodel as cm
-from course_lib.distributed.bench_allreduce import allreduce_bench, human_bytes
+from course_lib.bench.allreduce import allreduce_bench, human_bytes
 
 matplotlib.use("Agg")
 A, B = 1e-5, 1e-9  # 10 µs, 1 GB/s

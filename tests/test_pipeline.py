@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from course_lib import bench
-from course_lib.distributed import bench_pipeline, pipeline
+from course_lib.bench import pipeline as pipeline_bench
+from course_lib.distributed import pipeline
 from course_lib.distributed.launch import launch
 
 P = pipeline
@@ -69,20 +70,20 @@ def test_max_weight_difference_counts_parameters():
 
 
 def test_sleep_stage_and_make_stage():
-    stage = bench_pipeline.make_stage("sleep", 4, 1, 1.0)
+    stage = pipeline_bench.make_stage("sleep", 4, 1, 1.0)
     x = torch.randn(2, 4, requires_grad=True)
     stage(x).sum().backward()
     assert x.grad is not None and stage.linear.weight.grad is not None
-    assert len(bench_pipeline.make_stage("matmul", 8, 3, 0)) == 6
+    assert len(pipeline_bench.make_stage("matmul", 8, 3, 0)) == 6
     with pytest.raises(ValueError, match="work must be"):
-        bench_pipeline.make_stage("gpu", 8, 1, 0)
+        pipeline_bench.make_stage("gpu", 8, 1, 0)
 
 
 def test_summarize_defines_efficiency_from_stage_times():
     # two steps per rank, (wall s, stage s): each step is judged against its own stage times
     fake = [{"by_M": {4: {"wall_s": 0.05, "busy_s": 0.03, "steps": [(0.05, 0.01), (0.1, 0.02)]}}},
             {"by_M": {4: {"wall_s": 0.049, "busy_s": 0.03, "steps": [(0.049, 0.01), (0.09, 0.02)]}}}]
-    (row,) = bench_pipeline.summarize(fake, [4])      # the slowest rank's wall counts
+    (row,) = pipeline_bench.summarize(fake, [4])      # the slowest rank's wall counts
     assert row["predicted"] == 0.8 and row["measured"] == 0.8     # 4 x 0.02 s / 2 ranks / 0.05 s; 4 x 0.04 / 2 / 0.1
     assert row["measured/predicted"] == 1.0 and row["busy fraction"] == 0.6    # 0.06 / (2 x 0.05)
 

@@ -12,16 +12,15 @@ fsdp_param_ratio = the larger rank's parameter bytes under FSDP2 / the unsharded
 """
 from __future__ import annotations
 
-from .launch import launch
-from .sharding_workers import measure_sharding
+from ..distributed.launch import launch
+from ..distributed.sharding_workers import measure_sharding
+from .result import BenchResult
 
 WORLD_SIZE = 2
 
 
-def run(quick: bool = False):
-    """Measure on 2 ranks; returns a course_lib.bench.BenchResult."""
-    from ..bench import BenchResult
-
+def run(data_dir=None, quick: bool = False) -> BenchResult:
+    """Measure on 2 ranks (data_dir is unused: random MNIST-shaped batches)."""
     steps = 2 if quick else 10
     results = launch(measure_sharding, WORLD_SIZE, steps, timeout=300)
     zero, fsdp = [r["zero"] for r in results], [r["fsdp"] for r in results]

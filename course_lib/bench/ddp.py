@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .ddp import BucketedDDP, FlatDDP
-from .launch import launch
+from ..distributed.ddp import BucketedDDP, FlatDDP
+from ..distributed.launch import launch
+from .result import BenchResult
 
 
 def _timed(step, steps: int) -> float:
@@ -68,10 +69,8 @@ def overlap_step_seconds(rank: int, world_size: int, variant: str, width: int = 
     return _timed(step, steps)
 
 
-def run(quick: bool = False):
-    """Both measurements; returns a course_lib.bench.BenchResult."""
-    from ..bench import BenchResult
-
+def run(data_dir=None, quick: bool = False) -> BenchResult:
+    """Both measurements (data_dir is unused: random MNIST-shaped batches)."""
     # Batch 128 per rank and 60 steps: at batch 64 a step is ~9 ms on one core, and on a 2-core machine
     # the OS, gloo's threads and the launcher then swing the 2-rank figure by +-30% from run to run.
     steps, batch = (5, 64) if quick else (60, 128)

@@ -20,12 +20,12 @@ import itertools
 
 import torch
 
-from ..bench import BenchResult, _train_split_size, data_label, format_table
-from ..data import TensorLoader, mnist_loaders
+from ..compression import int8, measure, pipeline, pruning
+from ..data import TensorLoader, data_label, mnist_loaders, train_split_size
 from ..env import seed_everything
 from ..models import build_model
-from ..train import evaluate
-from . import int8, measure, pipeline, pruning
+from ..loop import evaluate
+from .result import BenchResult, format_table
 
 SCHEDULES = {  # (full, quick): baseline epochs and deep_compress's rounds/epochs
     "lenet300": ({"epochs": 15, "prune_rounds": 4, "prune_epochs": 3, "share_epochs": 2},
@@ -62,7 +62,7 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
     train_loader, test_loader = mnist_loaders(64, data_dir, QUICK_TRAIN if quick else None)
     if quick:
         test_loader = TensorLoader(*(t[:QUICK_TEST] for t in test_loader.tensors), batch_size=1000, shuffle=False)
-    data = data_label(train_loader.dataset_size, _train_split_size(data_dir))
+    data = data_label(train_loader.dataset_size, train_split_size(data_dir))
     dense, results = {}, {}
     for name in ("lenet300", "lenet5"):
         dense[name], results[name] = _compress(name, train_loader, test_loader, quick)

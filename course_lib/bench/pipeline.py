@@ -47,9 +47,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import schedules
-from .launch import launch
-from .pipeline import StepResult, device_of_rank, run_schedule, sync
+from ..distributed import schedules
+from ..distributed.launch import launch
+from ..distributed.pipeline import StepResult, device_of_rank, run_schedule, sync
+from .result import BenchResult
 
 K = 2
 LAYERS = 8
@@ -200,10 +201,8 @@ def summarize(results: list, Ms) -> list[dict]:
     return rows
 
 
-def run(quick: bool = False):
-    """GPipe on 2 ranks for several M; returns a course_lib.bench.BenchResult."""
-    from ..bench import BenchResult
-
+def run(data_dir=None, quick: bool = False) -> BenchResult:
+    """GPipe on 2 ranks for several M (data_dir is unused: random activations)."""
     Ms, steps = (QUICK_MS, 3) if quick else (MS, 10)
     results = launch(pipeline_timing, K, Ms, steps, timeout=600)
     rows = summarize(results, Ms)
