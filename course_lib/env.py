@@ -14,6 +14,9 @@ import sys
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+
+from .validate import non_negative_int
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 
@@ -67,10 +70,8 @@ def seed_everything(seed: int, rank: int = 0) -> int:
     Ranks get different seeds so their dropout masks and augmentations differ, while a run is
     still reproducible from one number. Data order is seeded separately by the loaders.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int; got {seed!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"rank must be a non-negative int; got {rank!r}")
+    non_negative_int("seed", seed)
+    non_negative_int("rank", rank)
     value = seed + rank
     random.seed(value)
     try:
@@ -106,20 +107,38 @@ class DistInfo:
         return self.rank == 0
 
 
+def _env_int(var: str, default: int) -> int:
+    raw = os.environ.get(var, str(default))
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {var} must be an integer; got {raw!r}") from None
+
+
 def dist_info() -> DistInfo:
     """Read RANK / WORLD_SIZE / LOCAL_RANK as torchrun sets them (defaults: a single process)."""
-    def read(var: str, default: int) -> int:
-        raw = os.environ.get(var, str(default))
-        try:
-            return int(raw)
-        except ValueError:
-            raise ValueError(f"environment variable {var} must be an integer; got {raw!r}") from None
-
-    info = DistInfo(read("RANK", 0), read("WORLD_SIZE", 1), read("LOCAL_RANK", 0))
+    info = DistInfo(_env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0))
     if info.world_size < 1 or not 0 <= info.rank < info.world_size or info.local_rank < 0:
         raise ValueError(f"inconsistent launch environment: RANK={info.rank}, WORLD_SIZE={info.world_size}, "
                          f"LOCAL_RANK={info.local_rank} (need 0 <= RANK < WORLD_SIZE, LOCAL_RANK >= 0)")
     return info
+
+
+def rank_device() -> torch.device:
+    """This process's device inside a process group: cuda:LOCAL_RANK under nccl, else the CPU.
+
+    LOCAL_RANK (set by torchrun and by course_lib's `launch`) numbers the GPUs of one machine; the
+    global rank does not: on two nodes of 4 GPUs, rank 5 is LOCAL_RANK 1, so cuda:1. Without
+    LOCAL_RANK, the global rank stands in. Either is taken modulo the visible GPUs, so a process
+    that sees only its own GPU (SLURM with one GPU per task) gets cuda:0.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() != "nccl":
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        raise RuntimeError("the process group uses nccl, but torch sees no CUDA GPU in this process")
+    index = _env_int("LOCAL_RANK", -1)
+    return torch.device("cuda", (dist.get_rank() if index < 0 else index) % gpus)
 
 
 def bf16_supported(device: torch.device | str = "cpu") -> bool:

@@ -17,7 +17,7 @@ import time
 import torch
 
 from .env import DeviceUnavailableError
-from .validate import positive_int
+from .validate import non_negative_int, positive_int
 
 
 def _as_device(device) -> torch.device:
@@ -48,8 +48,7 @@ def time_fn(fn, device, repeats: int = 5, warmup: int = 1) -> float:
         raise TypeError(f"fn must be callable; got {fn!r}")
     device = _as_device(device)
     positive_int("repeats", repeats)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int; got {warmup!r}")
+    non_negative_int("warmup", warmup)
     for _ in range(warmup):
         fn()
     times = []

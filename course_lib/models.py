@@ -5,6 +5,9 @@
   it itself (notebook 01 explains why the original's extra log_softmax was harmless but wrong).
 - `LeNet300`: LeNet-300-100, the fully connected net of the Deep Compression paper (266,610).
 - `LeNet5`: LeNet-5 as in Caffe and the Deep Compression paper, 20-50-500-10 (431,080).
+
+`count_parameters` sizes a model; `max_diff` is the course's "same result?" measure between two
+models' parameters (or gradients, or tensors).
 """
 from __future__ import annotations
 
@@ -84,3 +87,34 @@ def build_model(name: str) -> nn.Module:
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     """Number of parameter elements (buffers excluded)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def max_diff(a, b) -> float:
+    """Largest |a - b| as a float: between two modules' parameters (in order), two equal-length
+    sequences of tensors (gradients, numpy arrays), or two tensors. 0.0 when there is nothing to compare.
+
+    DTensors (FSDP2, tensor parallel) are gathered into full tensors first, so every rank must call
+    it alike. Shapes must match exactly (broadcasting would hide a wrong layout); NaN propagates.
+    """
+    if isinstance(a, nn.Module) and isinstance(b, nn.Module):
+        a, b = a.parameters(), b.parameters()
+    elif isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        a, b = [a], [b]
+    a, b = list(a), list(b)
+    if len(a) != len(b):
+        raise ValueError(f"max_diff compares tensors (parameters) pairwise; got {len(a)} and {len(b)}")
+    diffs = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x is None or y is None:
+            raise ValueError(f"max_diff: tensor {i} is None on one side (a parameter without a gradient?)")
+        x, y = (_full(t.detach()) if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in (x, y))
+        if x.shape != y.shape:
+            raise ValueError(f"max_diff: tensor {i} has shapes {tuple(x.shape)} and {tuple(y.shape)}")
+        if x.numel():
+            diffs.append((x - y.to(x.device)).abs().max().double().cpu())
+    return torch.stack(diffs).max().item() if diffs else 0.0
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind a DTensor (a collective: all ranks gather it); any other tensor as is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

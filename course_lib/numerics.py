@@ -1,4 +1,4 @@
-"""Number formats: floats from their bit layout, rounding, INT8 quantization, fixed point.
+"""Number formats: floats from their bit layout, rounding, integer quantization, fixed point.
 
 A float is sign x 2^(exponent - bias) x 1.mantissa. The exponent bits set the range, the
 mantissa bits the precision; every figure in torch.finfo follows from those two counts:
@@ -6,6 +6,13 @@ mantissa bits the precision; every figure in torch.finfo follows from those two 
     fmt = float_format(torch.bfloat16)   # 8 exponent bits, 7 mantissa bits
     fmt.eps, fmt.max, fmt.smallest_normal, fmt.smallest_subnormal
     decompose(1.5, torch.float16)        # Fields(sign=0, exponent=15, mantissa=512, ...)
+
+Linear quantization stores x as an integer code q, x ~= (q - zero_point) * scale; the course's one
+implementation lives here (lecture 02: int8; lecture 13 re-exports it: 1..16 bits, per channel):
+
+    scale, zero_point = choose_qparams(x.min(), x.max(), bits=8)     # int8, asymmetric
+    q = quantize(x, scale, zero_point, bits=8)                       # int32 codes in -128..127
+    x_hat = dequantize(q, scale, zero_point, bits=8)
 """
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+
+from .validate import boolean, int_in_range, non_negative_int, one_of
 
 
 @dataclass(frozen=True)
@@ -29,10 +38,8 @@ class FloatFormat:
     finite_only: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.exponent_bits, int) or not 2 <= self.exponent_bits <= 11:
-            raise ValueError(f"exponent_bits must be an int in 2..11; got {self.exponent_bits!r}")
-        if not isinstance(self.mantissa_bits, int) or not 1 <= self.mantissa_bits <= 52:
-            raise ValueError(f"mantissa_bits must be an int in 1..52; got {self.mantissa_bits!r}")
+        int_in_range("exponent_bits", self.exponent_bits, 2, 11)
+        int_in_range("mantissa_bits", self.mantissa_bits, 1, 52)
 
     @property
     def bits(self) -> int:
@@ -83,9 +90,7 @@ _INT_VIEW = {32: torch.int32, 16: torch.int16, 8: torch.uint8}
 
 def float_format(dtype) -> FloatFormat:
     """The FloatFormat of a torch float dtype (FP32, FP16, BF16 and FP8 where torch has it)."""
-    if dtype not in FORMATS:
-        raise ValueError(f"dtype must be one of {list(FORMATS)}; got {dtype!r}")
-    return FORMATS[dtype]
+    return FORMATS[one_of("dtype", dtype, list(FORMATS))]
 
 
 class Fields(NamedTuple):
@@ -168,66 +173,96 @@ def kahan_sum(values: torch.Tensor, dtype=torch.float16) -> float:
     return total.item()
 
 
-_QRANGE = {torch.int8: (-128, 127), torch.uint8: (0, 255)}
+# --- linear (affine) integer quantization ----------------------------------------------------------
+# Lecture 02 uses it as int8 per tensor; lecture 13 (compression.quantization) at any width, per channel.
+
+def qrange(bits: int = 8, signed: bool = True) -> tuple[int, int]:
+    """(qmin, qmax) of a `bits`-bit integer: [-2^(b-1), 2^(b-1) - 1] signed, [0, 2^b - 1] unsigned."""
+    int_in_range("bits", bits, 1, 16)
+    boolean("signed", signed)
+    return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
 
 
-def _qrange(dtype) -> tuple[int, int]:
-    if dtype not in _QRANGE:
-        raise ValueError(f"dtype must be torch.int8 or torch.uint8; got {dtype!r}")
-    return _QRANGE[dtype]
+def channel_axis(axis, x: torch.Tensor) -> int:
+    """`axis` as a dim of x in 0..x.dim()-1 (negative counts from the end); else ValueError."""
+    int_in_range("axis", axis, -x.dim(), x.dim() - 1, hint=f" for shape {tuple(x.shape)}", allow_none=True)
+    return axis % x.dim()
 
 
-def _check_qparams(scale, zero_point, dtype) -> tuple[int, int]:
-    qmin, qmax = _qrange(dtype)
-    if not isinstance(scale, (int, float)) or not scale > 0:
-        raise ValueError(f"scale must be a positive number; got {scale!r}")
-    if not isinstance(zero_point, int) or not qmin <= zero_point <= qmax:
-        raise ValueError(f"zero_point must be an int in {qmin}..{qmax} for {dtype}; got {zero_point!r}")
-    return qmin, qmax
+def _along(values, x: torch.Tensor, axis, name: str) -> torch.Tensor:
+    """A number (axis None) or a per-channel vector [x.shape[axis]], shaped to broadcast against x."""
+    t = torch.as_tensor(values, device=x.device)
+    if axis is None:
+        if t.numel() != 1:
+            raise ValueError(f"{name} must be a single number for per-tensor quantization (axis=None); "
+                             f"got {t.numel()} values. Pass axis=... for one value per channel.")
+        return t.reshape(())
+    axis = channel_axis(axis, x)
+    if t.numel() != x.shape[axis]:
+        raise ValueError(f"{name} must have {x.shape[axis]} values (the size of axis {axis}); got {t.numel()}")
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    return t.reshape(shape)
 
 
-def quantize(x: torch.Tensor, scale: float, zero_point: int, dtype=torch.int8) -> torch.Tensor:
-    """Linear quantization q = clamp(round(x / scale) + zero_point, qmin, qmax), same shape.
+def broadcast_qparams(x: torch.Tensor, scale, zero_point, bits: int = 8, signed: bool = True, axis=None):
+    """Validated (scale float32, zero_point float32, qmin, qmax), shaped to broadcast against x."""
+    qmin, qmax = qrange(bits, signed)
+    s = _along(scale, x, axis, "scale").to(torch.float32)
+    if not (torch.isfinite(s) & (s > 0)).all():
+        raise ValueError(f"scale must be finite and > 0; got {scale!r}")
+    z = _along(zero_point, x, axis, "zero_point")
+    if z.is_floating_point() and not (z == z.round()).all():
+        raise ValueError(f"zero_point must hold integers; got {zero_point!r}")
+    if not ((z >= qmin) & (z <= qmax)).all():
+        raise ValueError(f"zero_point must be an int in {qmin}..{qmax} (bits={bits}, signed={signed}); "
+                         f"got {zero_point!r}")
+    return s, z.to(torch.float32), qmin, qmax
 
-    round() is half-to-even (as torch.quantize_per_tensor); the clamp saturates instead of
-    letting the integer wrap around (200 would otherwise become -56 in int8). Like torch's
-    kernels we multiply by the float32 reciprocal of the scale: x / scale rounds differently
-    for values a hair from a half step.
+
+def quantize(x: torch.Tensor, scale, zero_point, bits: int = 8, signed: bool = True, axis=None) -> torch.Tensor:
+    """q = clamp(round(x / scale) + zero_point, qmin, qmax): int32 codes, shape of x.
+
+    scale/zero_point: numbers (per tensor), or [C] vectors with `axis` (per channel). round() sends
+    halves to the even neighbour, and out-of-range values saturate instead of wrapping around (200
+    would become -56 in int8). Like PyTorch's kernels (torch.quantize_per_tensor/_per_channel) we
+    multiply by the float32 reciprocal of the scale: x / scale rounds differently a hair from a tie.
     """
-    qmin, qmax = _check_qparams(scale, zero_point, dtype)
-    inverse = 1.0 / torch.tensor(scale, dtype=torch.float32)
-    q = torch.round(torch.as_tensor(x, dtype=torch.float32) * inverse) + zero_point
-    return q.clamp(qmin, qmax).to(dtype)
+    s, z, qmin, qmax = broadcast_qparams(x, scale, zero_point, bits, signed, axis)
+    return (torch.round(x.float() * (1.0 / s)) + z).clamp(qmin, qmax).to(torch.int32)
 
 
-def dequantize(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-    """x ~= (q - zero_point) * scale as float32, same shape as q."""
-    _check_qparams(scale, zero_point, q.dtype)
-    return (q.to(torch.float32) - zero_point) * scale
+def dequantize(q: torch.Tensor, scale, zero_point, bits: int = 8, signed: bool = True, axis=None) -> torch.Tensor:
+    """x_hat = (q - zero_point) * scale as float32, shape of q."""
+    s, z, _, _ = broadcast_qparams(q, scale, zero_point, bits, signed, axis)
+    return (q.float() - z) * s
 
 
-def choose_qparams(x: torch.Tensor, dtype=torch.int8, symmetric: bool = False) -> tuple[float, int]:
-    """(scale, zero_point) that map the range of x onto the integer range, as PyTorch's
-    MinMaxObserver does. The range always includes 0 so that 0.0 (padding, ReLU output) is exact.
+def choose_qparams(lo, hi, bits: int = 8, symmetric: bool = False, signed: bool = True):
+    """(scale float32, zero_point int64), shaped like lo/hi (a number or a [C] per-channel range).
 
-    symmetric: range [-max|x|, max|x|], zero_point in the middle (0 for int8, 128 for uint8).
+    As PyTorch's MinMaxObserver: the range is widened to include 0, so that 0.0 (padding, ReLU
+    output, a pruned weight) is exact. Asymmetric maps [lo, hi] onto [qmin, qmax]; symmetric maps
+    [-m, m], m = max(-lo, hi), with zero_point in the middle (0 when signed): no zero-point
+    arithmetic in the matmul, at the price of wasting half the range on one-signed data.
     """
-    qmin, qmax = _qrange(dtype)
-    x = torch.as_tensor(x, dtype=torch.float32)
-    lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
-    tiny = torch.finfo(torch.float32).eps
+    qmin, qmax = qrange(bits, signed)
+    boolean("symmetric", symmetric)
+    lo, hi = torch.as_tensor(lo, dtype=torch.float32), torch.as_tensor(hi, dtype=torch.float32)
+    if lo.shape != hi.shape or not (torch.isfinite(lo) & torch.isfinite(hi)).all() or (lo > hi).any():
+        raise ValueError(f"lo and hi must be finite, of the same shape, with lo <= hi; got {lo!r}, {hi!r}")
+    lo, hi = lo.clamp(max=0), hi.clamp(min=0)
+    eps = torch.finfo(torch.float32).eps
     if symmetric:
-        scale = max(max(-lo, hi) / ((qmax - qmin) / 2), tiny)
-        return scale, (qmin + qmax + 1) // 2
-    scale = max((hi - lo) / (qmax - qmin), tiny)
-    zero_point = int(min(max(qmin - round(lo / scale), qmin), qmax))
-    return scale, zero_point
+        scale = (torch.maximum(-lo, hi) / ((qmax - qmin) / 2)).clamp(min=eps)
+        return scale, torch.full_like(scale, (qmin + qmax + 1) // 2, dtype=torch.int64)
+    scale = ((hi - lo) / (qmax - qmin)).clamp(min=eps)
+    return scale, (qmin - torch.round(lo / scale)).clamp(qmin, qmax).to(torch.int64)
 
 
 def _check_fixed_bits(int_bits, frac_bits) -> None:
-    for name, value in (("int_bits", int_bits), ("frac_bits", frac_bits)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int; got {value!r}")
+    non_negative_int("int_bits", int_bits)
+    non_negative_int("frac_bits", frac_bits)
     if int_bits + frac_bits > 62:
         raise ValueError(f"int_bits + frac_bits must be at most 62 (int64 storage); got {int_bits + frac_bits}")
 

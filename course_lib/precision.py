@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .env import bf16_supported
+from .validate import one_of, positive_int
 
 PRECISIONS = ("32", "bf16", "16")
 _DTYPES = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}
@@ -39,8 +40,7 @@ def check_precision(precision: str, device, name: str = "precision") -> torch.dt
     a CPU has no fp16 matmul units, so it would only add rounding and slowness. `name` is how the
     error names the setting (the CLI passes "--precision").
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"{name} must be one of {PRECISIONS}; got {precision!r}")
+    one_of(name, precision, PRECISIONS)
     device = torch.device(device)
     if precision == "16" and device.type != "cuda":
         why = ("a CPU has no fp16 matrix units, so fp16 would be slower than fp32 and only add underflow"
@@ -183,8 +183,7 @@ class LossScaler:
         if not (growth_factor > 1 and 0 < backoff_factor < 1):
             raise ValueError("need growth_factor > 1 and 0 < backoff_factor < 1; "
                              f"got {growth_factor!r}, {backoff_factor!r}")
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-            raise ValueError(f"growth_interval must be a positive int; got {growth_interval!r}")
+        positive_int("growth_interval", growth_interval)
         self.scale_value, self.dynamic, self.good_steps = float(init_scale), dynamic, 0
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
         self.found_inf = None

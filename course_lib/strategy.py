@@ -126,8 +126,9 @@ def is_fsdp_state(optimizer_state: dict) -> bool:
 
 def _join_process_group(info: DistInfo, device: torch.device) -> None:
     timeout = datetime.timedelta(minutes=10)
-    # After a torchrun restart the rendezvous store still holds the dead attempt's addresses:
-    # give each attempt its own key space, or ranks would connect to the old, gone peers.
+    # After a torchrun restart the rendezvous store still holds the dead attempt's addresses: give
+    # each attempt its own key space, or ranks connect to the old, gone peers (without this prefix
+    # the restart tests in tests/test_multinode.py and tests/test_train_fsdp.py fail).
     store = dist.PrefixStore(
         f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
         dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size,

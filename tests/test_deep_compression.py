@@ -13,7 +13,7 @@ from course_lib.compression.kmeans import SharedWeights
 from course_lib.data import TensorLoader
 from course_lib.env import seed_everything
 from course_lib.models import LeNet5, LeNet300, count_parameters
-from course_lib.train import evaluate
+from course_lib.loop import evaluate
 
 
 class Tiny(nn.Module):

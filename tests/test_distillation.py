@@ -10,7 +10,7 @@ from course_lib.compression import distillation as D
 from course_lib.data import TensorLoader
 from course_lib.env import seed_everything
 from course_lib.models import LeNet300, Net
-from course_lib.train import fit
+from course_lib.loop import fit
 
 
 def logits(n=16, c=10, seed=0, scale=3.0):

@@ -146,3 +146,39 @@ def test_review_fixes_bool_seed_torch_device_and_launch_env(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     with pytest.raises(ValueError, match="RANK=2, WORLD_SIZE=2"):
         dist_info()
+
+
+def _fake_group(monkeypatch, backend: str, rank: int, gpus: int) -> None:
+    """Pretend this process is rank `rank` of a process group on `backend`, seeing `gpus` GPUs."""
+    monkeypatch.setattr(env.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(env.dist, "get_backend", lambda *a: backend)
+    monkeypatch.setattr(env.dist, "get_rank", lambda *a: rank)
+    monkeypatch.setattr(env.torch.cuda, "device_count", lambda: gpus)
+
+
+@pytest.mark.parametrize("local_rank, gpus, expected", [
+    ("1", 4, "cuda:1"),   # two nodes of 4 GPUs: global rank 5 is the second GPU of node 1, not cuda:5
+    (None, 4, "cuda:1"),  # no LOCAL_RANK: the global rank, modulo the GPUs this process sees
+    ("3", 1, "cuda:0"),   # one visible GPU per process (SLURM --gpus-per-task=1)
+])
+def test_rank_device_uses_the_local_rank(monkeypatch, local_rank, gpus, expected):
+    _fake_group(monkeypatch, "nccl", rank=5, gpus=gpus)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert env.rank_device() == torch.device(expected)
+
+
+def test_rank_device_is_the_cpu_under_gloo_and_without_a_group(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert env.rank_device() == torch.device("cpu")          # no process group in this test process
+    _fake_group(monkeypatch, "gloo", rank=5, gpus=4)
+    assert env.rank_device() == torch.device("cpu")
+    _fake_group(monkeypatch, "nccl", rank=5, gpus=0)
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        env.rank_device()
+    _fake_group(monkeypatch, "nccl", rank=5, gpus=4)
+    monkeypatch.setenv("LOCAL_RANK", "one")
+    with pytest.raises(ValueError, match="LOCAL_RANK.*'one'"):
+        env.rank_device()

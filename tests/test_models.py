@@ -49,3 +49,32 @@ def test_count_trainable_only():
     model = Net()
     model.fc2.requires_grad_(False)
     assert count_parameters(model, trainable_only=True) == 21_840 - 510
+
+
+def test_max_diff_of_modules_tensor_lists_and_tensors():
+    import math
+
+    from course_lib.models import max_diff
+
+    a, b = LeNet300(), LeNet300()
+    b.load_state_dict(a.state_dict())
+    assert max_diff(a, b) == 0.0
+    with torch.no_grad():
+        b.fc2.bias[3] += 0.25
+    assert max_diff(a, b) == 0.25
+    assert max_diff([p.detach() for p in a.parameters()], list(b.parameters())) == 0.25
+    assert max_diff(torch.tensor([1.0, 2.0]), torch.tensor([1.5, 1.0])) == 1.0
+    assert max_diff([torch.zeros(2).numpy()], [torch.ones(2).numpy()]) == 1.0   # numpy arrays (pipeline workers)
+    assert max_diff([torch.zeros(0)], [torch.zeros(0)]) == 0.0 and max_diff([], []) == 0.0
+    assert math.isnan(max_diff([torch.zeros(1), torch.tensor([float("nan")])], [torch.ones(1), torch.zeros(1)]))
+
+
+def test_max_diff_refuses_mismatches():
+    from course_lib.models import max_diff
+
+    with pytest.raises(ValueError, match="parameters.*2 and 1"):
+        max_diff([torch.zeros(1), torch.zeros(1)], [torch.zeros(1)])
+    with pytest.raises(ValueError, match=r"shapes \(3,\) and \(1,\)"):
+        max_diff(torch.zeros(3), torch.zeros(1))                 # broadcasting would hide this
+    with pytest.raises(ValueError, match="None"):
+        max_diff([torch.zeros(1)], [None])                         # a parameter that got no gradient

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from course_lib.numerics import (FORMATS, FloatFormat, choose_qparams, compose, decompose, dequantize, fixed_range,
-                                 float_format, from_fixed, kahan_sum, quantize, sequential_sum, spacing, to_fixed)
+                                 float_format, from_fixed, kahan_sum, qrange, quantize, sequential_sum, spacing,
+                                 to_fixed)
 
 
 @pytest.mark.parametrize("dtype", list(FORMATS))
@@ -85,70 +86,67 @@ def test_low_precision_summation_stalls_kahan_fixes_it():
     assert abs(kahan_sum(values, torch.bfloat16) - exact) < 0.01
 
 
-@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
-def test_quantize_matches_pytorch():
-    torch.manual_seed(0)
-    x = torch.randn(1000) * 3
-    for dtype, qdtype, zp in ((torch.int8, torch.qint8, 5), (torch.uint8, torch.quint8, 128)):
-        scale = 0.05
-        q = quantize(x, scale, zp, dtype)
-        ref = torch.quantize_per_tensor(x, scale, zp, qdtype)
-        assert q.dtype == dtype and torch.equal(q, ref.int_repr())
-        assert torch.allclose(dequantize(q, scale, zp), ref.dequantize())
-        qmin, qmax = (-128, 127) if dtype == torch.int8 else (0, 255)
-        fake = torch.fake_quantize_per_tensor_affine(x, scale, zp, qmin, qmax)
-        assert torch.allclose(dequantize(q, scale, zp), fake)
+@pytest.mark.parametrize("signed, zp", [(True, 5), (False, 128)])
+def test_int8_quantize_matches_pytorch(signed, zp):
+    """Lecture 02's use: 8 bits, one scale; codes and round trip as torch's fake-quant op computes them."""
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 3
+    qmin, qmax = qrange(8, signed)
+    q = quantize(x, 0.05, zp, bits=8, signed=signed)
+    fake = torch.fake_quantize_per_tensor_affine(x, 0.05, zp, qmin, qmax)
+    assert q.dtype == torch.int32 and q.min() >= qmin and q.max() <= qmax
+    assert torch.equal(dequantize(q, 0.05, zp, bits=8, signed=signed), fake)
 
 
-@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
-def test_quantize_rounds_half_even_and_saturates():
-    q = quantize(torch.tensor([0.25, 0.75, -0.25, 100.0, -100.0]), 0.5, 0)
-    assert q.tolist() == [0, 2, 0, 127, -128]
-    ref = torch.quantize_per_tensor(torch.tensor([0.25, 0.75, -0.25, 100.0, -100.0]), 0.5, 0, torch.qint8)
-    assert torch.equal(q, ref.int_repr())
-
-
-@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
 @pytest.mark.parametrize("scale", [0.1, 0.03, 0.007, 1 / 3])
 def test_quantize_matches_pytorch_at_near_ties(scale):
     """Values at, and one float32 step either side of, every half step: where x/scale and
     x*(1/scale) can round apart. torch multiplies by the reciprocal; so must we."""
     halves = ((torch.arange(-120, 120, dtype=torch.float32) + 0.5) * scale)
     x = torch.cat([halves, torch.nextafter(halves, halves + 1), torch.nextafter(halves, halves - 1)])
-    ref = torch.quantize_per_tensor(x, scale, 3, torch.qint8).int_repr()
-    assert torch.equal(quantize(x, scale, 3), ref)
+    fake = torch.fake_quantize_per_tensor_affine(x, scale, 3, -128, 127)
+    assert torch.equal(dequantize(quantize(x, scale, 3), scale, 3), fake)
 
 
-def test_choose_qparams_matches_minmax_observer():
-    from torch.ao.quantization import MinMaxObserver
+def test_quantize_rounds_half_even_and_saturates():
+    q = quantize(torch.tensor([0.25, 0.75, -0.25, 100.0, -100.0]), 0.5, 0)
+    assert q.tolist() == [0, 2, 0, 127, -128]
+    assert quantize(torch.tensor([300.0, -5.0]), 1.0, 0, signed=False).tolist() == [255, 0]
 
-    torch.manual_seed(0)
-    x = torch.randn(500) * 2 + 1
-    for dtype, qdtype in ((torch.int8, torch.qint8), (torch.uint8, torch.quint8)):
-        for symmetric in (False, True):
-            scheme = torch.per_tensor_symmetric if symmetric else torch.per_tensor_affine
-            obs = MinMaxObserver(dtype=qdtype, qscheme=scheme)
-            obs(x)
-            ref_scale, ref_zp = obs.calculate_qparams()
-            scale, zp = choose_qparams(x, dtype, symmetric)
-            assert scale == pytest.approx(ref_scale.item(), rel=1e-6) and zp == ref_zp.item()
-    # the error of a round trip is at most half a step inside the range
-    scale, zp = choose_qparams(x)
-    assert (dequantize(quantize(x, scale, zp), scale, zp) - x).abs().max() <= scale / 2 + 1e-6
+
+def test_choose_qparams_int8_round_trip():
+    x = torch.linspace(-4, 4, 2001)
+    scale, zp = choose_qparams(-3.0, 3.0, bits=8)    # the range of x.clamp(-3, 3), as in lecture 02
+    x_hat = dequantize(quantize(x, scale, zp), scale, zp)
+    inside = x.abs() <= 3
+    assert (x_hat - x)[inside].abs().max() <= scale / 2 + 1e-6      # rounding: at most half a step
+    assert (x_hat - x)[~inside].abs().max() > 0.9                     # clipping outside the range
+    assert dequantize(quantize(torch.zeros(1), scale, zp), scale, zp).item() == 0.0   # 0 is exact
+    s, z = choose_qparams(0.5, 2.0, bits=8, signed=False)              # the range is widened to include 0
+    assert z.item() == 0 and s.item() == pytest.approx(2.0 / 255)
+
+
+def test_lecture_13_uses_the_same_functions():
+    from course_lib.compression import quantization as Q
+
+    assert (Q.quantize, Q.dequantize, Q.choose_qparams, Q.qrange) == (quantize, dequantize, choose_qparams, qrange)
 
 
 def test_quantize_bad_input():
     x = torch.zeros(3)
-    with pytest.raises(ValueError, match="scale"):
+    with pytest.raises(ValueError, match="scale must be finite and > 0"):
         quantize(x, 0.0, 0)
-    with pytest.raises(ValueError, match="zero_point"):
-        quantize(x, 1.0, 200, torch.int8)
-    with pytest.raises(ValueError, match="dtype"):
-        quantize(x, 1.0, 0, torch.int16)
-    with pytest.raises(ValueError, match="dtype"):
-        choose_qparams(x, torch.float16)
+    with pytest.raises(ValueError, match=r"zero_point must be an int in -128\.\.127"):
+        quantize(x, 1.0, 200)
+    with pytest.raises(ValueError, match=r"bits must be an int in 1\.\.16; got 32"):
+        quantize(x, 1.0, 0, bits=32)
+    with pytest.raises(ValueError, match="signed must be True or False"):
+        choose_qparams(-1.0, 1.0, signed=1)
     with pytest.raises(ValueError, match="scale"):
-        dequantize(torch.zeros(3, dtype=torch.int8), -1.0, 0)
+        dequantize(torch.zeros(3, dtype=torch.int32), -1.0, 0)
+    with pytest.raises(ValueError, match=r"exponent_bits must be an int in 2\.\.11; got True"):
+        FloatFormat("bool", True, 3)
+    with pytest.raises(ValueError, match="frac_bits must be a non-negative int"):
+        to_fixed(x, 3, -1)
 
 
 def test_fixed_point_properties():

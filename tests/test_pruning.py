@@ -111,9 +111,9 @@ def test_bad_arguments_name_the_argument_and_allowed_values():
         P.magnitude_prune(nn.Sequential(nn.ReLU(), nn.Flatten()), 0.5)
     with pytest.raises(ValueError, match=r"layers must name prunable layers.*\['fc1', 'fc2', 'fc3'\]"):
         P.magnitude_prune(LeNet300(), 0.5, layers=["fc1", "conv9"])
-    with pytest.raises(ValueError, match=r"dim must be an int in \[-2, 1\]"):
+    with pytest.raises(ValueError, match=r"dim must be an int in -2\.\.1 "):
         P.channel_mask(randn(5, 4), 0.5, dim=2)
-    with pytest.raises(ValueError, match=r"dim must be an int in \[-4, 3\]"):
+    with pytest.raises(ValueError, match=r"dim must be an int in -4\.\.3 "):
         P.channel_mask(randn(5, 4, 3, 3), 0.5, dim=-5)
     with pytest.raises(ValueError, match="at least 2 dims"):
         P.channel_mask(randn(5), 0.5)
@@ -153,7 +153,7 @@ def loaders():
 
 
 def test_masked_fit_keeps_pruned_weights_at_zero_and_plain_fit_does_not():
-    from course_lib.train import fit
+    from course_lib.loop import fit
 
     train, val = loaders()
     torch.manual_seed(0)

@@ -100,12 +100,8 @@ def test_halves_round_to_even_and_out_of_range_saturates():
     assert q.tolist() == [0, 2, 2, 0, -2, 7, -8]
 
 
-def test_agrees_with_lecture_02_int8_and_fixed_point():
-    x = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 3
-    scale, zero_point = numerics.choose_qparams(x, torch.int8)
-    assert torch.equal(Q.quantize(x, scale, zero_point).to(torch.int8), numerics.quantize(x, scale, zero_point))
-    ours_scale, ours_zp = Q.choose_qparams(x.min(), x.max(), bits=8)
-    assert ours_zp.item() == zero_point and ours_scale.item() == pytest.approx(scale, rel=1e-6)
+def test_is_lecture_02s_quantization_and_covers_fixed_point():
+    assert Q.quantize is numerics.quantize and Q.choose_qparams is numerics.choose_qparams   # one implementation
     # Qm.n fixed point is linear quantization with scale 2^-n, zero point 0, 1 + m + n bits
     m, n = 3, 4
     xs = torch.tensor([0.03125, -0.09375, 1.7, -8.0, 7.97, 20.0, -20.0])
@@ -214,7 +210,7 @@ def test_observer_module_calibration_and_ema():
     (lambda: Q.QuantConfig(act_observer="max"), "act_observer must be one of"),
     (lambda: Q.QuantConfig(bits=32), "bits must be an int in 1..16"),
     (lambda: Q.QuantConfig(per_channel=1), "per_channel must be True or False"),
-    (lambda: Q.Observer(momentum=0), "momentum must be in"),
+    (lambda: Q.Observer(momentum=0), r"momentum must be a number in \(0, 1\]"),
     (lambda: Q.prepare(nn.Sequential(nn.ReLU())), "no nn.Linear or nn.Conv2d"),
     (lambda: Q.prepare(LeNet300(), bitz=4), "unexpected keyword"),
     (lambda: Q.calibrate(LeNet300(), [torch.ones(1, 784)]), "prepare"),

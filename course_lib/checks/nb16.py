@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from . import expect, passed
+from ..models import max_diff
 
 LR = 0.1
 CASES = [(1, None), (2, None), (3, 0.05), (4, 0.02)]   # 7 batches: for 2, 3 and 4 the last group is short
@@ -24,10 +25,6 @@ def _setup(batches: int, seed: int = 0):
     x, y = torch.randn(batches * 16, 1, 28, 28, generator=g), torch.randint(0, 10, (batches * 16,), generator=g)
     torch.manual_seed(seed)
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), DataLoader(TensorDataset(x, y), batch_size=16)
-
-
-def _max_diff(a: nn.Module, b: nn.Module) -> float:
-    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
 
 
 def _trainer(loader, model, **flags):
@@ -45,7 +42,7 @@ def check_like_trainer(train_epoch_like_trainer, cases=CASES) -> None:
         mine = train_epoch_like_trainer(copy.deepcopy(model), loader, LR, accumulate, clip)
         expect(isinstance(mine, nn.Module), f"return the trained model; got {type(mine).__name__}")
         probe = _trainer(loader, model, accumulate_grad_batches=accumulate, gradient_clip_val=clip)
-        diff = _max_diff(mine, probe.model)
+        diff = max_diff(mine, probe.model)
         expect(diff < 1e-5, f"accumulate={accumulate}, clip={clip}, 7 batches: your weights differ from the "
                f"Trainer's by {diff:.3g} (the Trainer stepped {probe.steps} times). Hints: "
                + ("each micro-batch's loss is divided by `accumulate`, so the summed gradient is the big batch's "
@@ -90,7 +87,7 @@ def check_trainer_flags(trainer_flags) -> None:
            f"{sorted({str(d) for d in probe.dtypes})}. Which `precision=` value means bf16 autocast?")
     expect(probe.steps == 2, f"the fragment steps the optimizer twice in 8 batches; with your flags the Trainer "
            f"stepped {probe.steps} times")
-    diff = _max_diff(raw_fragment(copy.deepcopy(model), loader), probe.model)
+    diff = max_diff(raw_fragment(copy.deepcopy(model), loader), probe.model)
     expect(diff < 1e-4, f"the weights differ from the fragment's by {diff:.3g}: look at what happens just "
            "before optimizer.step() in the fragment")
     passed("trainer_flags")

@@ -1,4 +1,14 @@
-"""Making the model small: pruning, quantization, k-means weight sharing, Huffman coding, distillation.
+"""Making the model small (lectures 12-15), one module per technique:
 
-One module per technique; `pipeline` chains them into Deep Compression (Han et al., 2016).
+- `pruning`: remove the weights, or whole neurons and channels, that matter least.
+- `quantization`: observers, fake-quant with a straight-through estimator, PTQ and QAT; its
+  quantize/dequantize/choose_qparams are lecture 02's (`course_lib.numerics`), re-exported.
+- `int8`: int8 inference through PyTorch's own APIs, feature-detected.
+- `kmeans`: weight sharing by k-means (Deep Compression, section 3).
+- `huffman`: Huffman coding, on real bits (Deep Compression, section 4).
+- `storage`: Deep Compression's storage format and what it costs in bits.
+- `pipeline`: Deep Compression end to end: prune, share weights, Huffman-code, count every bit.
+- `distillation`: knowledge distillation: a small student learns from a big teacher.
+- `measure`: latency and storage of a compressed model, measured the same way everywhere.
+- `inference`: serving: throughput against batch size, autograd modes, the size-accuracy frontier.
 """

@@ -23,16 +23,13 @@ a streamed dataset the logits would change per batch and the teacher would have 
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..data import TensorLoader
-from ..train import History, fit, make_optimizer
-from ..validate import positive_int
+from ..loop import History, fit, make_optimizer
+from ..validate import number_in_range, positive_int, positive_number
 
 
 class TinyMLP(nn.Module):
@@ -53,18 +50,13 @@ class TinyMLP(nn.Module):
 
 def check_temperature(T) -> float:
     """T as a float > 0 (finite); else ValueError naming T."""
-    if isinstance(T, bool) or not isinstance(T, numbers.Real) or not (T > 0 and math.isfinite(T)):
-        raise ValueError(f"T (the temperature) must be a finite number > 0 (1 = no softening, "
-                         f"typical 2..20); got {T!r}")
-    return float(T)
+    return float(positive_number("T (the temperature)", T, hint=" (1 = no softening, typical 2..20)"))
 
 
 def check_alpha(alpha) -> float:
     """alpha as a float in [0, 1]; else ValueError naming alpha."""
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha <= 1:
-        raise ValueError(f"alpha (the weight of the soft-target term; 1 - alpha weighs the labels) must be "
-                         f"a number in [0, 1]; got {alpha!r}")
-    return float(alpha)
+    return float(number_in_range("alpha (the weight of the soft-target term; 1 - alpha weighs the labels)",
+                                 alpha, 0, 1))
 
 
 def _check_logits(student_logits, teacher_logits, labels) -> None:
@@ -120,7 +112,7 @@ def teacher_logits(teacher: nn.Module, x: torch.Tensor, batch_size: int = 1000) 
 def distill(student: nn.Module, x: torch.Tensor, y: torch.Tensor, teacher: nn.Module | None = None,
             val_loader=None, *, T: float = 4.0, alpha: float = 0.9, epochs: int = 10, batch_size: int = 64,
             lr: float = 5e-3, seed: int = 0, **fit_kwargs) -> History:
-    """Train `student` on images x [N, ...] and labels y [N] with `course_lib.train.fit`; returns its History.
+    """Train `student` on images x [N, ...] and labels y [N] with `course_lib.loop.fit`; returns its History.
 
     With a teacher: `distillation_loss` against the teacher's logits (computed once, see the module
     docstring). teacher=None: the same student trained alone, plain cross-entropy (T and alpha

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import heapq
 import math
-import numbers
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+
+from ..validate import int_in_range, number_in_range
 
 
 def _check_frequencies(frequencies) -> dict:
@@ -31,8 +32,7 @@ def _check_frequencies(frequencies) -> dict:
     if not frequencies:
         raise ValueError("frequencies must hold at least one symbol: an empty input has no Huffman code")
     for symbol, count in frequencies.items():
-        if isinstance(count, bool) or not isinstance(count, numbers.Real) or not count > 0 or math.isinf(count):
-            raise ValueError(f"frequencies[{symbol!r}] must be a finite count > 0; got {count!r}")
+        number_in_range(f"frequencies[{symbol!r}]", count, 0, lo_open=True, noun="count")
     return dict(frequencies)
 
 
@@ -101,8 +101,7 @@ def canonical_codes(lengths: Mapping) -> dict:
     if len(lengths) == 1 and next(iter(lengths.values())) == 0:
         return {next(iter(lengths)): ""}
     for symbol, n in lengths.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"lengths[{symbol!r}] must be an int >= 1 when there are several symbols; got {n!r}")
+        int_in_range(f"lengths[{symbol!r}]", n, 1, hint=" when there are several symbols")
     if kraft_sum(lengths) > 1:
         raise ValueError(f"these lengths break the Kraft inequality (sum of 2**-length = {kraft_sum(lengths)} > 1): "
                          "no prefix code has them")

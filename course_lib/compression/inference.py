@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..validate import positive_int
+from ..validate import is_int, number_in_range, one_of, positive_int
 from .measure import INPUT_SHAPE, compare_latency, csr_model_bytes, model_size_bytes, serialized_bytes
 
 BATCH_SIZES = tuple(2**i for i in range(11))    # 1, 2, 4, ..., 1024
@@ -27,7 +27,7 @@ BATCH_SIZES = tuple(2**i for i in range(11))    # 1, 2, 4, ..., 1024
 
 def _check_batch_sizes(batch_sizes) -> list:
     sizes = list(batch_sizes) if isinstance(batch_sizes, (list, tuple, range)) else None
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in sizes):
+    if not sizes or not all(is_int(b) and b > 0 for b in sizes):
         raise ValueError(f"batch_sizes must be a non-empty list of positive ints (e.g. {list(BATCH_SIZES)}); "
                          f"got {batch_sizes!r}")
     return sizes
@@ -81,9 +81,7 @@ MODES = ("train", "eval", "no_grad", "inference_mode")
 
 
 def _check_mode(mode) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
-    return mode
+    return one_of("mode", mode, MODES)
 
 
 class AutogradMode(nn.Module):
@@ -185,10 +183,8 @@ class Variant:
 
 def variant(name: str, family: str, model: nn.Module, accuracy: float, storage: str = "fp32") -> Variant:
     """A Variant whose size is measured from `model` by the `storage` rule (one of STORAGE)."""
-    if storage not in STORAGE:
-        raise ValueError(f"storage must be one of {sorted(STORAGE)}; got {storage!r}")
-    if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float)) or not 0 <= accuracy <= 1:
-        raise ValueError(f"accuracy must be a fraction in [0, 1]; got {accuracy!r}")
+    one_of("storage", storage, sorted(STORAGE))
+    number_in_range("accuracy", accuracy, 0, 1, noun="fraction")
     size, _ = STORAGE[storage]
     return Variant(name, family, int(size(model)), float(accuracy), storage)
 

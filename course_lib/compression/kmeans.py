@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..validate import positive_int
+from ..validate import int_in_range, non_negative_int, positive_int
 
 SHAREABLE = (nn.Linear, nn.Conv2d)
 
@@ -52,8 +52,7 @@ def _check(weight, k, iters, mask):
     positive_int("k", k)
     if k > values.numel():
         raise ValueError(f"k must be at most the number of weights to cluster ({values.numel()}); got {k}")
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
-        raise ValueError(f"iters must be a non-negative int; got {iters!r}")
+    non_negative_int("iters", iters)
     return values
 
 
@@ -137,8 +136,7 @@ def share_weights(model: nn.Module, bits: int = 5, iters: int = 30, masks: dict 
     Only the centroids require grad afterwards (biases and other layers are frozen), so fitting
     the result is the paper's centroid fine-tuning. masks: layer name -> 0/1 mask (from pruning).
     """
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 16:
-        raise ValueError(f"bits must be an int in 1..16 (k = 2**bits clusters); got {bits!r}")
+    int_in_range("bits", bits, 1, 16, hint=" (k = 2**bits clusters)")
     masks = masks or {}
     model = copy.deepcopy(model).requires_grad_(False)
     names = [name for name, m in model.named_modules() if type(m) in SHAREABLE]

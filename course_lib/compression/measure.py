@@ -21,7 +21,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..validate import positive_int
+from ..validate import non_negative_int, positive_int
 
 INPUT_SHAPE = (1, 28, 28)   # one MNIST image
 
@@ -62,8 +62,7 @@ def compare_latency(models: dict, batch_size: int = 256, input_shape=INPUT_SHAPE
     if not isinstance(models, dict) or not models:
         raise ValueError("models must be a non-empty dict name -> nn.Module")
     positive_int("repeats", repeats)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int; got {warmup!r}")
+    non_negative_int("warmup", warmup)
     x = example_batch(batch_size, input_shape) if inputs is None else inputs
     modes = {name: m.training for name, m in models.items()}
     timers = {name: _timer(m.eval(), x.to(_device(m))) for name, m in models.items()}

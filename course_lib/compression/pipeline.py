@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..train import evaluate, fit
+from ..loop import evaluate, fit
 from ..validate import positive_int
 from . import storage
 from .kmeans import SharedWeights

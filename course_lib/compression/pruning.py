@@ -15,12 +15,12 @@
 from __future__ import annotations
 
 import copy
-import numbers
 
 import torch
 from torch import nn
 
-from ..train import evaluate, fit
+from ..loop import evaluate, fit
+from ..validate import int_in_range, number_in_range, one_of, positive_number
 from .measure import csr
 
 PRUNABLE = (nn.Linear, nn.Conv2d)
@@ -29,9 +29,8 @@ SCOPES = ("layer", "global")
 
 def check_amount(amount, name: str = "amount") -> float:
     """`amount` as a float in [0, 1) (the share of weights to prune); else ValueError naming `name`."""
-    if isinstance(amount, bool) or not isinstance(amount, numbers.Real) or not 0 <= amount < 1:
-        raise ValueError(f"{name} must be a fraction in [0, 1) (the share of weights to prune); got {amount!r}")
-    return float(amount)
+    return float(number_in_range(name, amount, 0, 1, hi_open=True, noun="fraction",
+                                 hint=" (the share of weights to prune)"))
 
 
 def n_to_prune(amount, numel: int) -> int:
@@ -82,11 +81,8 @@ def channel_norms(weight: torch.Tensor, n=2, dim: int = 0) -> torch.Tensor:
     w = _check_tensor(weight)
     if w.dim() < 2:
         raise ValueError(f"weight must have at least 2 dims to have channels; got shape {tuple(w.shape)}")
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -w.dim() <= dim < w.dim():
-        raise ValueError(f"dim must be an int in [{-w.dim()}, {w.dim() - 1}] for a weight of shape "
-                         f"{tuple(w.shape)}; got {dim!r}")
-    if isinstance(n, bool) or not isinstance(n, numbers.Real) or not n > 0:
-        raise ValueError(f"n (the norm order) must be a number > 0 or float('inf'); got {n!r}")
+    int_in_range("dim", dim, -w.dim(), w.dim() - 1, hint=f" for a weight of shape {tuple(w.shape)}")
+    positive_number("n (the norm order)", n, finite=False, hint=" or float('inf')")
     return torch.linalg.vector_norm(w, ord=n, dim=[d for d in range(w.dim()) if d != dim % w.dim()])
 
 
@@ -137,8 +133,7 @@ def magnitude_prune(model: nn.Module, amount: float, scope: str = "layer", layer
 
     scope "layer": every layer loses `amount` of its own weights; "global": one threshold for all.
     """
-    if scope not in SCOPES:
-        raise ValueError(f"scope must be one of {SCOPES}; got {scope!r}")
+    one_of("scope", scope, SCOPES)
     weights = {name: m.weight for name, m in prunable_layers(model, layers).items()}
     if scope == "layer":
         masks = {name: magnitude_mask(w, amount) for name, w in weights.items()}
@@ -159,7 +154,7 @@ def sparsity(model: nn.Module, layers=None) -> dict:
 
 
 def masked_fit(model: nn.Module, masks: dict, train_loader, val_loader=None, **fit_kwargs):
-    """`course_lib.train.fit` with the masks re-applied after every optimizer step; returns its History.
+    """`course_lib.loop.fit` with the masks re-applied after every optimizer step; returns its History.
 
     Without that, the gradient (and Adam's momentum) moves pruned weights away from zero at once.
     """

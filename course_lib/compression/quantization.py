@@ -3,10 +3,10 @@ straight-through estimator, post-training quantization (PTQ) and quantization-aw
 
     q = clamp(round(x / scale) + zero_point, qmin, qmax),     x_hat = (q - zero_point) * scale
 
-Lecture 02's `numerics.quantize` is the int8 per-tensor case. Here: any width from 1 to 16 bits,
-one scale per tensor or per channel (a Linear row, a Conv2d filter), and the same integers as
-PyTorch's torch.quantize_per_tensor / quantize_per_channel / fake_quantize_per_*_affine: like
-their kernels we multiply by the float32 reciprocal of the scale, and round halves to even.
+`qrange`, `quantize`, `dequantize` and `choose_qparams` are lecture 02's (`course_lib.numerics`,
+re-exported here): any width from 1 to 16 bits, one scale per tensor or per channel (a Linear row,
+a Conv2d filter), the same integers as PyTorch's torch.quantize_per_tensor / quantize_per_channel /
+fake_quantize_per_*_affine. This module adds what training needs: observers, fake-quant, PTQ, QAT.
 
     lo, hi = observe_range(w, "minmax", axis=0)                        # per-channel range
     scale, zp = choose_qparams(lo, hi, bits=4, symmetric=True)
@@ -17,77 +17,17 @@ their kernels we multiply by the float32 reciprocal of the scale, and round halv
 from __future__ import annotations
 
 import copy
-import numbers
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..numerics import broadcast_qparams, channel_axis, choose_qparams, dequantize, qrange, quantize  # noqa: F401
+from ..validate import boolean, number_in_range, one_of
+
 OBSERVERS = ("minmax", "percentile", "mse")
 MSE_GRID = 100   # clipping ratios 0.01, 0.02, ..., 1 tried by the "mse" observer
-
-
-def qrange(bits: int, signed: bool = True) -> tuple[int, int]:
-    """(qmin, qmax) of a `bits`-bit integer: [-2^(b-1), 2^(b-1) - 1] signed, [0, 2^b - 1] unsigned."""
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 16:
-        raise ValueError(f"bits must be an int in 1..16; got {bits!r}")
-    if not isinstance(signed, bool):
-        raise ValueError(f"signed must be True or False; got {signed!r}")
-    return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
-
-
-def _check_axis(axis, x: torch.Tensor) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, int) or not -x.dim() <= axis < x.dim():
-        raise ValueError(f"axis must be None or an int in [{-x.dim()}, {x.dim() - 1}] for shape "
-                         f"{tuple(x.shape)}; got {axis!r}")
-    return axis % x.dim()
-
-
-def _along(values, x: torch.Tensor, axis, name: str) -> torch.Tensor:
-    """A number (axis None) or a per-channel vector [x.shape[axis]], shaped to broadcast against x."""
-    t = torch.as_tensor(values, device=x.device)
-    if axis is None:
-        if t.numel() != 1:
-            raise ValueError(f"{name} must be a single number for per-tensor quantization (axis=None); "
-                             f"got {t.numel()} values. Pass axis=... for one value per channel.")
-        return t.reshape(())
-    axis = _check_axis(axis, x)
-    if t.numel() != x.shape[axis]:
-        raise ValueError(f"{name} must have {x.shape[axis]} values (the size of axis {axis}); got {t.numel()}")
-    shape = [1] * x.dim()
-    shape[axis] = -1
-    return t.reshape(shape)
-
-
-def _qparams(x, scale, zero_point, bits, signed, axis):
-    """Validated (scale float32, zero_point float32, qmin, qmax), broadcastable against x."""
-    qmin, qmax = qrange(bits, signed)
-    s = _along(scale, x, axis, "scale").to(torch.float32)
-    if not (torch.isfinite(s) & (s > 0)).all():
-        raise ValueError(f"scale must be finite and > 0; got {scale!r}")
-    z = _along(zero_point, x, axis, "zero_point")
-    if z.is_floating_point() and not (z == z.round()).all():
-        raise ValueError(f"zero_point must hold integers; got {zero_point!r}")
-    if not ((z >= qmin) & (z <= qmax)).all():
-        raise ValueError(f"zero_point must be an int in {qmin}..{qmax} (bits={bits}, signed={signed}); "
-                         f"got {zero_point!r}")
-    return s, z.to(torch.float32), qmin, qmax
-
-
-def quantize(x: torch.Tensor, scale, zero_point, bits: int = 8, signed: bool = True, axis=None) -> torch.Tensor:
-    """The integers q (int32, shape of x). scale/zero_point: numbers, or [C] vectors with `axis`.
-
-    Out-of-range values saturate at qmin/qmax (clamp) instead of wrapping around.
-    """
-    s, z, qmin, qmax = _qparams(x, scale, zero_point, bits, signed, axis)
-    return (torch.round(x.float() * (1.0 / s)) + z).clamp(qmin, qmax).to(torch.int32)
-
-
-def dequantize(q: torch.Tensor, scale, zero_point, bits: int = 8, signed: bool = True, axis=None) -> torch.Tensor:
-    """x_hat = (q - zero_point) * scale as float32, shape of q."""
-    s, z, _, _ = _qparams(q, scale, zero_point, bits, signed, axis)
-    return (q.float() - z) * s
 
 
 class _FakeQuantSTE(torch.autograd.Function):
@@ -113,38 +53,13 @@ def fake_quantize(x: torch.Tensor, scale, zero_point, bits: int = 8, signed: boo
     pretends it is the identity, so the float weights keep learning while the forward pass
     sees only quantized values.
     """
-    s, z, qmin, qmax = _qparams(x, scale, zero_point, bits, signed, axis)
+    s, z, qmin, qmax = broadcast_qparams(x, scale, zero_point, bits, signed, axis)
     return _FakeQuantSTE.apply(x.float(), s, z, qmin, qmax).to(x.dtype)
 
 
-def choose_qparams(lo, hi, bits: int = 8, symmetric: bool = False, signed: bool = True):
-    """(scale float32, zero_point int64), shaped like lo/hi (a number or a [C] per-channel range).
-
-    As PyTorch's MinMaxObserver: the range is widened to include 0, so that 0.0 (padding, ReLU
-    output, a pruned weight) is exact. Asymmetric maps [lo, hi] onto [qmin, qmax]; symmetric maps
-    [-m, m], m = max(-lo, hi), with zero_point in the middle (0 when signed): no zero-point
-    arithmetic in the matmul, at the price of wasting half the range on one-signed data.
-    """
-    qmin, qmax = qrange(bits, signed)
-    if not isinstance(symmetric, bool):
-        raise ValueError(f"symmetric must be True or False; got {symmetric!r}")
-    lo, hi = torch.as_tensor(lo, dtype=torch.float32), torch.as_tensor(hi, dtype=torch.float32)
-    if lo.shape != hi.shape or not (torch.isfinite(lo) & torch.isfinite(hi)).all() or (lo > hi).any():
-        raise ValueError(f"lo and hi must be finite, of the same shape, with lo <= hi; got {lo!r}, {hi!r}")
-    lo, hi = lo.clamp(max=0), hi.clamp(min=0)
-    eps = torch.finfo(torch.float32).eps
-    if symmetric:
-        scale = (torch.maximum(-lo, hi) / ((qmax - qmin) / 2)).clamp(min=eps)
-        return scale, torch.full_like(scale, (qmin + qmax + 1) // 2, dtype=torch.int64)
-    scale = ((hi - lo) / (qmax - qmin)).clamp(min=eps)
-    return scale, (qmin - torch.round(lo / scale)).clamp(qmin, qmax).to(torch.int64)
-
-
 def _check_observer(method, percentile, name: str = "method") -> None:
-    if method not in OBSERVERS:
-        raise ValueError(f"{name} must be one of {OBSERVERS}; got {method!r}")
-    if isinstance(percentile, bool) or not isinstance(percentile, numbers.Real) or not 50 < percentile <= 100:
-        raise ValueError(f"percentile must be a number in (50, 100]; got {percentile!r}")
+    one_of(name, method, OBSERVERS)
+    number_in_range("percentile", percentile, 50, 100, lo_open=True)
 
 
 def observe_range(x: torch.Tensor, method: str = "minmax", axis=None, bits: int = 8, symmetric: bool = False,
@@ -158,7 +73,7 @@ def observe_range(x: torch.Tensor, method: str = "minmax", axis=None, bits: int 
     """
     _check_observer(method, percentile)
     x = x.detach().float()
-    rows = x.reshape(1, -1) if axis is None else x.movedim(_check_axis(axis, x), 0).reshape(x.shape[axis], -1)
+    rows = x.reshape(1, -1) if axis is None else x.movedim(channel_axis(axis, x), 0).reshape(x.shape[axis], -1)
     if method == "percentile":
         n = rows.shape[1]
         k = max(1, min(n, round(percentile / 100 * n)))
@@ -205,8 +120,7 @@ class Observer(nn.Module):
         super().__init__()
         _check_observer(method, percentile)
         qrange(bits, signed=False)
-        if not 0 < momentum <= 1:
-            raise ValueError(f"momentum must be in (0, 1]; got {momentum!r}")
+        number_in_range("momentum", momentum, 0, 1, lo_open=True)
         self.method, self.bits, self.percentile, self.momentum = method, bits, percentile, momentum
         self.register_buffer("lo", torch.zeros(()))
         self.register_buffer("hi", torch.zeros(()))
@@ -249,8 +163,7 @@ class QuantConfig:
         qrange(self.bits)
         if self.act_bits is not None:
             qrange(self.act_bits)
-        if not isinstance(self.per_channel, bool):
-            raise ValueError(f"per_channel must be True or False; got {self.per_channel!r}")
+        boolean("per_channel", self.per_channel)
         _check_observer(self.weight_observer, self.percentile, "weight_observer")
         _check_observer(self.act_observer, self.percentile, "act_observer")
 

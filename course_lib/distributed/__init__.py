@@ -1,5 +1,23 @@
-"""Distributed training from first principles: launching, collectives, DataParallel, DDP, multi-node.
+"""Distributed training from first principles, one module per topic (lectures 05-10):
 
-Worker functions that run in spawned processes live in `workers.py` (and in the technique
-modules), never in notebooks: a spawned process can only import a function by module name.
+- `launch`: run a function on N local processes that form a process group (torchrun for notebooks).
+- `workers`: small worker functions for `launch` demos (notebook 07).
+- `collectives`: broadcast, reduce, all-reduce (naive, tree, ring), ... from send/recv; traffic counting.
+- `ring`: the ring all-reduce schedule: which chunk moves where at each of the 2(N-1) steps.
+- `costmodel`: the alpha-beta cost model of all-reduce: predict, measure, fit, "what if?".
+- `paramserver`: a parameter server, the other way to combine gradients, against ring all-reduce.
+- `data_parallel`: nn.DataParallel's single-process sequence, simulated; why the master is a bottleneck.
+- `ddp`: distributed data parallel from scratch (flat, bucketed), checked against torch's DDP.
+- `multinode`: multi-node training with torchrun, run for real as N "nodes" on localhost.
+- `faults`: kill a rank on purpose, to watch a job survive it.
+- `schedules`: pipeline schedules as data (GPipe, 1F1B), their bubble and memory.
+- `pipeline`: model and pipeline parallelism: a model cut into stages, send/recv between them.
+- `tensor_parallel`: column- and row-parallel Linear layers (Megatron-LM style).
+- `sharding`: ZeRO's memory arithmetic, a hand-sharded optimizer, FSDP2 helpers.
+- `sharding_workers`: workers that measure sharded training against DDP.
+
+A spawned process imports its worker function by module and name, so workers live in these
+modules (`workers` and the topic modules' own, `fn(rank, world_size, ...)`), not in notebook
+cells. The one exception is the exercise checks: `course_lib.grading.student` sends the source
+of a learner's notebook-defined function to the workers, which compile it there.
 """

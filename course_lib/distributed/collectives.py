@@ -25,6 +25,9 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+from ..env import rank_device
+from ..models import max_diff
+from ..validate import int_in_range, one_of
 from .ring import PHASES, ring_schedule
 
 OPS = {"sum": torch.add, "product": torch.mul, "max": torch.maximum, "min": torch.minimum}
@@ -35,9 +38,7 @@ COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_in
 
 
 def _combine(op: str):
-    if op not in OPS:
-        raise ValueError(f"op must be one of {tuple(OPS)}; got {op!r}")
-    return OPS[op]
+    return OPS[one_of("op", op, tuple(OPS))]
 
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
@@ -49,10 +50,7 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _root(name: str, value: int) -> int:
-    n = dist.get_world_size()
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
-        raise ValueError(f"{name} must be a rank in 0..{n - 1}; got {value!r}")
-    return value
+    return int_in_range(name, value, 0, dist.get_world_size() - 1, hint=" (a rank)")
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
@@ -204,8 +202,7 @@ def all_reduce_ring(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "ring") -> torch.Tensor:
     """All-reduce in place with one of ALGORITHMS."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}; got {algorithm!r}")
+    one_of("algorithm", algorithm, ALGORITHMS)
     return {"naive": all_reduce_naive, "tree": all_reduce_tree, "ring": all_reduce_ring}[algorithm](tensor, op)
 
 
@@ -276,20 +273,16 @@ def traffic_matrix(traffics: list) -> torch.Tensor:
 
 # Workers for `launch` (notebook demos and tests): fn(rank, world_size, ...).
 
-def _device() -> torch.device:
-    return torch.device("cuda", dist.get_rank()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
 def compare_with_torch(rank: int, world_size: int, sizes=(1, 5, 12, 1001)) -> dict:
     """Run every collective here and torch.distributed's own on the same data; return max |difference|."""
-    dev, errors = _device(), Counter()
+    dev, errors = rank_device(), Counter()
 
     def data(numel, seed):
         g = torch.Generator().manual_seed(1000 * seed + numel)
         return torch.randn(numel, generator=g).to(dev)
 
     def err(name, ours, theirs):
-        errors[name] = max(errors[name], (ours - theirs).abs().max().item() if ours.numel() else 0.0)
+        errors[name] = max(errors[name], max_diff(ours, theirs))
 
     for numel in sizes:
         x = data(numel, rank)
@@ -327,7 +320,7 @@ def traffic_of(rank: int, world_size: int, numel: int = 1 << 16) -> dict:
     """{algorithm: Traffic} of one float32 all-reduce of `numel` elements with each ALGORITHM."""
     out = {}
     for alg in ALGORITHMS:
-        x = torch.ones(numel, device=_device())
+        x = torch.ones(numel, device=rank_device())
         with count_traffic() as t:
             all_reduce(x, algorithm=alg)
         assert torch.all(x == world_size)

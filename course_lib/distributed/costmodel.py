@@ -26,7 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..validate import positive_int
+from ..env import rank_device
+from ..validate import number_in_range, one_of, positive_int, positive_number
 
 ALGORITHMS = ("naive", "tree", "ring")
 # Rough (α s, link GB/s) of two links, for the what-if table: NVLink inside a node, 10 GbE between nodes.
@@ -38,8 +39,7 @@ EXAMPLE_MODELS = {"Net": (21_840, 0.001), "LeNet-5": (431_080, 0.002),
 
 def _coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
     """(a, b) with T = a·α + b·n·β for `algorithm` on `world_size` ranks."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}; got {algorithm!r}")
+    one_of("algorithm", algorithm, ALGORITHMS)
     p = positive_int("world_size", world_size)
     if algorithm == "naive":
         return 2.0 * (p - 1), 2.0 * (p - 1)
@@ -122,8 +122,7 @@ def busbw(size_bytes, time_s, world_size: int, collective: str = "all_reduce"):
 
     Why: an all-reduce moves 2(n−1)/n × size through each rank's link, so busbw is what the wire saw.
     """
-    if collective not in _BUS_FACTORS:
-        raise ValueError(f"collective must be one of {tuple(_BUS_FACTORS)}; got {collective!r}")
+    one_of("collective", collective, tuple(_BUS_FACTORS))
     return algbw(size_bytes, time_s) * _BUS_FACTORS[collective](positive_int("world_size", world_size))
 
 
@@ -138,14 +137,11 @@ def scaling_efficiency(parameters: int, bytes_per_param: float, step_compute_s: 
     """
     positive_int("parameters", parameters)
     positive_int("n_gpus", n_gpus)
-    for name, value in (("bytes_per_param", bytes_per_param), ("step_compute_s", step_compute_s),
-                        ("link_GBps", link_GBps)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a number > 0; got {value!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
-        raise ValueError(f"alpha must be a number >= 0 (seconds); got {alpha!r}")
-    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1:
-        raise ValueError(f"overlap must be a number in [0, 1]; got {overlap!r}")
+    positive_number("bytes_per_param", bytes_per_param)
+    positive_number("step_compute_s", step_compute_s)
+    positive_number("link_GBps", link_GBps, finite=False, hint=" (math.inf: an infinitely fast link)")
+    number_in_range("alpha", alpha, 0, hint=" (seconds)")
+    number_in_range("overlap", overlap, 0, 1)
     comm = ring_time(parameters * bytes_per_param, n_gpus, alpha, 1.0 / (link_GBps * 1e9))
     exposed = comm - min(overlap * comm, step_compute_s)
     return step_compute_s / (step_compute_s + exposed)
@@ -199,7 +195,7 @@ def measure_allreduce(rank: int, world_size: int, sizes_bytes, impl_name="torch"
     names = [impl_name] if isinstance(impl_name, str) else list(impl_name)
     impls = {name: _resolve(name) for name in names}
     positive_int("repeats", repeats)
-    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = rank_device()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     medians = {name: [] for name in names}
     for fn in impls.values():  # first calls set up connections and buffers: keep them out of the timings

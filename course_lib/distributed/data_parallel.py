@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models import max_diff
 from ..validate import positive_int
 
 MASTER = 0
@@ -241,7 +242,7 @@ def reference_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn=
 
 def max_grad_difference(model: nn.Module, grads: list[torch.Tensor]) -> float:
     """Largest |model.grad - grads| over all parameters (the course's equivalence measure)."""
-    return max((p.grad - g).abs().max().item() for p, g in zip(model.parameters(), grads))
+    return max_diff([p.grad for p in model.parameters()], grads)
 
 
 def traffic_by_k(make_model, x: torch.Tensor, y: torch.Tensor, ks) -> list[dict]:

@@ -30,13 +30,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data.distributed import DistributedSampler
 
-from ..validate import positive_int
+from ..env import rank_device
+from ..models import max_diff
+from ..validate import int_in_range, non_negative_int, positive_int, positive_number
 
 
 def _check_rank(rank, world_size):
     positive_int("world_size", world_size)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in [0, world_size={world_size}); got {rank!r}")
+    int_in_range("rank", rank, 0, world_size - 1, hint=f" (world_size={world_size})")
 
 
 def shard_indices(n: int, rank: int, world_size: int, epoch: int = 0, seed: int = 0, shuffle: bool = True,
@@ -48,8 +49,7 @@ def shard_indices(n: int, rank: int, world_size: int, epoch: int = 0, seed: int 
     """
     positive_int("n", n)
     _check_rank(rank, world_size)
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"epoch must be a non-negative int; got {epoch!r}")
+    non_negative_int("epoch", epoch)
     sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
                                  drop_last=drop_last)
     sampler.set_epoch(epoch)
@@ -128,8 +128,7 @@ def assign_buckets(params, bucket_mb: float = 25.0) -> list[list[int]]:
     Backward produces the last layer's gradients first, so reverse order fills bucket 0 first.
     A bucket closes as soon as it reaches the size; a single larger tensor gets its own bucket.
     """
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
-        raise ValueError(f"bucket_mb must be a number > 0; got {bucket_mb!r}")
+    positive_number("bucket_mb", bucket_mb)
     cap, buckets, current, size = bucket_mb * 2**20, [], [], 0
     params = list(params)
     for i in reversed(range(len(params))):
@@ -209,14 +208,6 @@ class BucketedDDP(nn.Module):
 
 # --- workers for `launch` (tests and notebook 07) -------------------------------------------------
 
-def _device() -> torch.device:
-    return torch.device("cuda", dist.get_rank()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
-def _max_diff(a, b) -> float:
-    return max((x - y).abs().max().item() for x, y in zip(a, b))
-
-
 def compare_with_torch_ddp(rank: int, world_size: int, batch: int = 8, bucket_mb: float = 0.001) -> dict:
     """Our FlatDDP and BucketedDDP against torch's DistributedDataParallel on one MLP.
 
@@ -228,7 +219,7 @@ def compare_with_torch_ddp(rank: int, world_size: int, batch: int = 8, bucket_mb
     """
     import copy
 
-    device = _device()
+    device = rank_device()
     torch.manual_seed(rank)
     base = nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5)).to(device)
     flat, bucketed = FlatDDP(copy.deepcopy(base)), BucketedDDP(copy.deepcopy(base), bucket_mb)
@@ -241,13 +232,13 @@ def compare_with_torch_ddp(rank: int, world_size: int, batch: int = 8, bucket_mb
     w0 = torch.cat([p.detach().reshape(-1) for p in bucketed.parameters()])
     gathered = [torch.empty_like(w0) for _ in range(world_size)]
     dist.all_gather(gathered, w0)
-    out = {"broadcast": max((w - gathered[0]).abs().max().item() for w in gathered), "buckets": len(bucketed.buckets)}
+    out = {"broadcast": max_diff(gathered, [gathered[0]] * world_size), "buckets": len(bucketed.buckets)}
 
     for model in (flat, bucketed, ref):
         loss(model(xs[0]), ys[0]).backward()
     flat.sync_gradients()
     grads = lambda m: [p.grad for p in m.parameters()]
-    out["flat"], out["bucketed"] = _max_diff(grads(flat), grads(ref)), _max_diff(grads(bucketed), grads(ref))
+    out["flat"], out["bucketed"] = max_diff(grads(flat), grads(ref)), max_diff(grads(bucketed), grads(ref))
 
     # One process, the whole global batch: the mean over ranks of per-rank means is the global mean.
     all_x = [torch.empty_like(xs[0]) for _ in range(world_size)]
@@ -257,12 +248,12 @@ def compare_with_torch_ddp(rank: int, world_size: int, batch: int = 8, bucket_mb
     single = copy.deepcopy(ref.module)
     single.zero_grad()
     loss(single(torch.cat(all_x)), torch.cat(all_y)).backward()
-    out["one_big_batch"] = _max_diff(grads(single), grads(ref))
+    out["one_big_batch"] = max_diff(grads(single), grads(ref))
 
     for model in (bucketed, ref):           # accumulate two micro-batches, all-reduce once
         model.zero_grad()
         with model.no_sync():
             loss(model(xs[0]), ys[0]).backward()
         loss(model(xs[1]), ys[1]).backward()
-    out["no_sync"] = _max_diff(grads(bucketed), grads(ref))
+    out["no_sync"] = max_diff(grads(bucketed), grads(ref))
     return out

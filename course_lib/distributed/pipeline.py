@@ -30,8 +30,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..env import rank_device
+from ..models import max_diff
 from ..validate import positive_int
 from . import schedules
+
+# TODO(restructure): course_lib.bench.pipeline still imports this name; switch it to env.rank_device, then delete.
+device_of_rank = rank_device
 
 
 def make_mlp(width: int = 32, blocks: int = 4, in_features: int = 20, classes: int = 5, seed: int = 0) -> nn.Sequential:
@@ -149,11 +154,6 @@ def run_schedule(stage: nn.Module, stage_order: list, x_micro: list, y_micro: li
     return result
 
 
-def device_of_rank() -> torch.device:
-    """This rank's GPU under nccl, else the CPU."""
-    return torch.device("cuda", dist.get_rank()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
 def _numpy(params) -> list:
     """Parameters as numpy arrays (a returned tensor would travel through shared memory that dies with the worker)."""
     return [p.detach().cpu().numpy().copy() for p in params]
@@ -169,7 +169,7 @@ def train(rank: int, world_size: int, schedule: str = "gpipe", micro_batches: in
     """
     if batch % micro_batches:
         raise ValueError(f"batch={batch} must be divisible by micro_batches={micro_batches}")
-    device = device_of_rank()
+    device = rank_device()
     stages = split_model(make_mlp(width, blocks, seed=seed), world_size)
     shapes = boundary_shapes(stages, torch.zeros(batch // micro_batches, 20))     # before .to(): still on the CPU
     stage = stages[rank].to(device)
@@ -210,7 +210,7 @@ def max_weight_difference(results: list, reference: dict) -> float:
     ours = [w for r in results for w in r["weights"]]
     if len(ours) != len(reference["weights"]):
         raise ValueError(f"{len(ours)} parameters from the ranks but {len(reference['weights'])} in the reference")
-    return max(float(np.abs(a - b).max()) for a, b in zip(ours, reference["weights"]))
+    return max_diff(ours, reference["weights"])
 
 
 def _record_order(stage) -> list:
@@ -241,7 +241,7 @@ def compare_with_torch_pipelining(rank: int, world_size: int, micro_batches: int
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    device = device_of_rank()
+    device = rank_device()
     stages = split_model(make_mlp(width, blocks, seed=seed), world_size)
     x, y = make_batch(0, batch, seed=seed)
     x, y = x.to(device), y.to(device)
@@ -265,8 +265,7 @@ def compare_with_torch_pipelining(rank: int, world_size: int, micro_batches: int
         out[f"{name}_order"] = torch_order == stage_order
         out[f"{name}_ours_loss"] = loss
         out[f"{name}_loss"] = torch.stack(losses).mean().item() if losses else 0.0
-        out[f"{name}_grad_diff"] = max((a.grad - b.grad).abs().max().item()
-                                       for a, b in zip(ours.parameters(), theirs.parameters()))
+        out[f"{name}_grad_diff"] = max_diff([a.grad for a in ours.parameters()], [b.grad for b in theirs.parameters()])
     return out
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..validate import positive_int
+from ..validate import int_in_range, one_of, positive_int, positive_number
 from .ddp import broadcast_parameters
 
 STAGES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -39,16 +39,8 @@ _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.redu
 
 # --- the memory formulas -------------------------------------------------------------------------
 
-def _positive_number(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0; got {value!r}")
-    return float(value)
-
-
 def _check_stage(stage) -> int:
-    if isinstance(stage, bool) or stage not in STAGES:
-        raise ValueError(f"stage must be one of {sorted(STAGES)} (0 = DDP, no sharding); got {stage!r}")
-    return stage
+    return one_of("stage", stage, sorted(STAGES), hint=" (0 = DDP, no sharding)")
 
 
 def zero_memory(num_params, world_size: int, stage: int, k: float = 12) -> dict:
@@ -58,10 +50,10 @@ def zero_memory(num_params, world_size: int, stage: int, k: float = 12) -> dict:
     DDP; stage s >= 1 shards the optimizer states, then also the gradients (2), the parameters (3).
     k: optimizer-state bytes per parameter (12 for mixed-precision Adam, 4+4+4 fp32 copies).
     """
-    psi = _positive_number("num_params", num_params)
+    psi = float(positive_number("num_params", num_params))
     n = positive_int("world_size", world_size)
     _check_stage(stage)
-    k = _positive_number("k", k)
+    k = float(positive_number("k", k))
     out = {"parameters": PARAM_BYTES * psi / (n if stage >= 3 else 1),
            "gradients": GRAD_BYTES * psi / (n if stage >= 2 else 1),
            "optimizer_states": k * psi / (n if stage >= 1 else 1)}
@@ -76,7 +68,7 @@ def zero_communication(num_params, world_size: int, stage: int) -> float:
     all-gather the updated parameters ((N-1)/N·Ψ): the same volume. ZeRO-3 all-gathers the parameters
     twice (forward and again in backward, having freed them in between): 3(N-1)/N·Ψ, 1.5x DDP.
     """
-    psi = _positive_number("num_params", num_params)
+    psi = float(positive_number("num_params", num_params))
     n = positive_int("world_size", world_size)
     return (3 if _check_stage(stage) == 3 else 2) * (n - 1) / n * psi
 
@@ -111,8 +103,7 @@ def shard_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
     """
     positive_int("n", n)
     positive_int("world_size", world_size)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in [0, world_size={world_size}); got {rank!r}")
+    int_in_range("rank", rank, 0, world_size - 1, hint=f" (world_size={world_size})")
     size = -(-n // world_size)
     return min(rank * size, n), min((rank + 1) * size, n)
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from ..env import rank_device
+from ..models import max_diff
 from ..validate import positive_int
-from .ddp import _device
 from .sharding import (ShardedOptimizer, gradient_bytes, optimizer_state_bytes, parameter_bytes,
                        shard_model)
 
@@ -56,14 +56,6 @@ def _train(model, optimizer, batches) -> list[float]:
     return losses
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _max_diff(a: nn.Module, b: nn.Module) -> float:
-    return max((_full(p.detach()) - _full(q.detach())).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
-
-
 def measure_zero(rank: int, world_size: int, steps: int = 3, width: int = 784, depth: int = 4, batch: int = 32,
                  lr: float = 1e-3) -> dict:
     """Worker: `steps` Adam steps three ways from the same weights, on this rank's own batches.
@@ -76,7 +68,7 @@ def measure_zero(rank: int, world_size: int, steps: int = 3, width: int = 784, d
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     positive_int("steps", steps)
-    device = _device()
+    device = rank_device()
     torch.manual_seed(0)
     base = shard_friendly_mlp(width, depth).to(device)
     ids = [device.index] if device.type == "cuda" else None
@@ -91,7 +83,7 @@ def measure_zero(rank: int, world_size: int, steps: int = 3, width: int = 784, d
     return {"state_bytes": {"adam": optimizer_state_bytes(runs["adam"][1]), "zero1": optimizer_state_bytes(zero.optim),
                             "manual": optimizer_state_bytes(runs["manual"][1].optimizer)},
             "param_bytes": parameter_bytes(base), "losses": losses,
-            "max_diff": {name: _max_diff(model, adam_model) for name, (model, _) in runs.items() if name != "adam"},
+            "max_diff": {name: max_diff(model, adam_model) for name, (model, _) in runs.items() if name != "adam"},
             "zero1_owns": [names[id(p)] for group in zero.optim.param_groups for p in group["params"]]}
 
 
@@ -104,7 +96,7 @@ def measure_fsdp(rank: int, world_size: int, steps: int = 5, width: int = 784, d
     max |FSDP weight - DDP weight| at the end, and {name: [global shape, this rank's shard shape]}.
     """
     positive_int("steps", steps)
-    device = _device()
+    device = rank_device()
     torch.manual_seed(0)
     base = shard_friendly_mlp(width, depth).to(device)
     ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(base),
@@ -113,7 +105,7 @@ def measure_fsdp(rank: int, world_size: int, steps: int = 5, width: int = 784, d
     ddp_opt, fsdp_opt = torch.optim.Adam(ddp.parameters(), lr=lr), torch.optim.Adam(fsdp.parameters(), lr=lr)
     batches = _batches(rank, steps, batch, device)
     losses = {"ddp": _train(ddp, ddp_opt, batches), "fsdp": _train(fsdp, fsdp_opt, batches)}
-    out = {"losses": losses, "max_diff": _max_diff(fsdp, ddp.module),
+    out = {"losses": losses, "max_diff": max_diff(fsdp, ddp.module),
            "shapes": {n: [list(p.shape), list(p.to_local().shape)] for n, p in fsdp.named_parameters()}}
     for key, count in (("param_bytes", parameter_bytes), ("grad_bytes", gradient_bytes)):
         out[key] = {"ddp": count(ddp.module), "fsdp": count(fsdp)}

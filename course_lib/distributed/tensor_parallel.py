@@ -28,6 +28,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..env import rank_device
+from ..models import max_diff
+
 
 def shard_range(size: int, rank: int, world_size: int) -> slice:
     """The slice of `size` features rank `rank` owns; `size` must divide evenly (as torch's TP requires here)."""
@@ -147,10 +150,6 @@ def tensor_parallel_mlp(mlp: nn.Sequential) -> nn.Sequential:
 
 # --- worker for `launch` (tests and notebook 09) -----------------------------------------------------
 
-def _diff(a, b) -> float:
-    return (a - b).abs().max().item()
-
-
 def compare_tensor_parallel(rank: int, world_size: int, batch: int = 6, d_in: int = 8, hidden: int = 16,
                             d_out: int = 4) -> dict:
     """Max |difference| of outputs and gradients: ours vs the unsharded layers, and torch's TP vs ours.
@@ -163,7 +162,7 @@ def compare_tensor_parallel(rank: int, world_size: int, batch: int = 6, d_in: in
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = rank_device()
     torch.manual_seed(0)                              # the same full layers and data on every rank
     mlp = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out)).to(device)
     x = torch.randn(batch, d_in, device=device)
@@ -187,23 +186,23 @@ def compare_tensor_parallel(rank: int, world_size: int, batch: int = 6, d_in: in
         y, gx = run(ours, inp)
         y_ref, gx_ref = run(ref, inp)
         bias_ref = ref.bias.grad[r] if name == "column" else ref.bias.grad
-        out[f"{name}_out"] = _diff(y, y_ref)
-        out[f"{name}_grad"] = max(_diff(ours.weight.grad, ref.weight.grad[r, c]), _diff(ours.bias.grad, bias_ref),
-                                  _diff(gx, gx_ref))
+        out[f"{name}_out"] = max_diff(y, y_ref)
+        out[f"{name}_grad"] = max_diff([ours.weight.grad, ours.bias.grad, gx],
+                                     [ref.weight.grad[r, c], bias_ref, gx_ref])
 
     ours, ref = tensor_parallel_mlp(copy.deepcopy(mlp)), copy.deepcopy(mlp)
     y, gx = run(ours, x)
     y_ref, gx_ref = run(ref, x)
-    out["mlp_out"] = _diff(y, y_ref)
-    out["mlp_grad"] = max(_diff(ours[0].weight.grad, ref[0].weight.grad[cols]), _diff(ours[0].bias.grad, ref[0].bias.grad[cols]),
-                          _diff(ours[2].weight.grad, ref[2].weight.grad[:, cols]), _diff(ours[2].bias.grad, ref[2].bias.grad),
-                          _diff(gx, gx_ref))
+    out["mlp_out"] = max_diff(y, y_ref)
+    out["mlp_grad"] = max_diff([ours[0].weight.grad, ours[0].bias.grad, ours[2].weight.grad, ours[2].bias.grad, gx],
+                               [ref[0].weight.grad[cols], ref[0].bias.grad[cols], ref[2].weight.grad[:, cols],
+                                ref[2].bias.grad, gx_ref])
     out["local_weight_shapes"] = [tuple(ours[0].weight.shape), tuple(ours[2].weight.shape)]
 
     mesh = init_device_mesh(device.type, (world_size,))
     theirs = parallelize_module(copy.deepcopy(mlp), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     y_t, gx_t = run(theirs, x)
-    out["torch_out"] = _diff(y_t, y)
-    out["torch_grad"] = max(_diff(theirs[0].weight.grad.to_local(), ours[0].weight.grad),
-                            _diff(theirs[2].weight.grad.to_local(), ours[2].weight.grad), _diff(gx_t, gx))
+    out["torch_out"] = max_diff(y_t, y)
+    out["torch_grad"] = max_diff([theirs[0].weight.grad.to_local(), theirs[2].weight.grad.to_local(), gx_t],
+                                 [ours[0].weight.grad, ours[2].weight.grad, gx])
     return out

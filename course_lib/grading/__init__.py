@@ -1,0 +1,16 @@
+"""Everything that grades, sandboxes or generates exercises; not part of any technique.
+
+    grade.py              python -m course_lib.grade: score a submitted notebook against its source
+    kernel.py             run cells in a fresh, private Jupyter kernel with deadlines (for grade)
+    exercises.py          python -m course_lib.exercises: the student notebooks from solutions/
+    student.py            run a function written in a notebook cell on N ranks (launch_student)
+    make_it_small.py      practicum "Make it small": the given model, measure, remeasure
+    sandbox.py            the guarded child processes that run a make-it-small answer
+    scale_out.py          practicum "Scale it out": the given single-process script (python -m)
+    scale_out_harness.py  run a learner's DDP script under torchrun and read back what it did
+
+The rule: technique modules (course_lib.*, course_lib.distributed.*, course_lib.compression.*, ...)
+never import course_lib.grading; only the checks behind the notebooks (course_lib.checks) and the
+two command-line entry modules course_lib.grade and course_lib.exercises do. grade, kernel and
+exercises need the grading extra (nbformat, nbclient, nbgrader): pip install 'course_lib[grading]'.
+"""

@@ -1,0 +1,93 @@
+"""Generate the student exercise notebooks from their solution sources.
+
+    python -m course_lib.exercises            # rewrite exercises/ from solutions/
+    python -m course_lib.exercises --check    # exit 1 if exercises/ is out of date
+
+`solutions/` is the only hand-edited copy. nbgrader's own preprocessors make the student
+version, exactly as `nbgrader generate_assignment` would: ClearSolutions replaces each
+`### BEGIN SOLUTION`/`### END SOLUTION` region with a `raise NotImplementedError()` stub,
+ClearHiddenTests drops `### BEGIN HIDDEN TESTS`/`### END HIDDEN TESTS` regions, ClearOutput
+drops outputs. Cells must carry nbgrader metadata (solution/grade), so the same sources
+autograde with nbgrader.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import nbformat
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_DIR, TARGET_DIR = REPO_ROOT / "solutions", REPO_ROOT / "exercises"
+LEAK_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+
+
+def student_version(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The student's copy of a solution notebook: solutions stubbed, hidden tests and outputs gone."""
+    from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions
+
+    nb = copy.deepcopy(nb)
+    resources: dict = {}
+    for pre in (ClearSolutions(), ClearHiddenTests(), ClearOutput()):
+        nb, resources = pre.preprocess(nb, resources)
+    for cell in nb.cells:
+        leaked = [m for m in LEAK_MARKERS if m in cell.source]
+        if leaked:  # e.g. a marker in a cell without nbgrader metadata, or a typo in a marker
+            raise ValueError(f"a cell still contains {leaked} after generation; check its markers "
+                             f"and nbgrader metadata:\n{cell.source[:200]}")
+    return nb
+
+
+def render(source: Path) -> str:
+    """The exact text of the exercise notebook generated from `source`."""
+    nb = nbformat.read(str(source), as_version=4)
+    return nbformat.writes(student_version(nb)) + "\n"
+
+
+def sync(source_dir: Path = SOURCE_DIR, target_dir: Path = TARGET_DIR, check: bool = False) -> list[str]:
+    """Bring `target_dir` in line with `source_dir`; return what differed.
+
+    With check=True nothing is written. Exercise files without a source count as differences
+    (and are deleted when not checking), so a renamed solution leaves no stale student copy.
+    """
+    source_dir, target_dir = Path(source_dir), Path(target_dir)
+    sources = sorted(source_dir.glob("*.ipynb"))
+    if not sources:
+        raise FileNotFoundError(f"no solution notebooks in {source_dir}")
+    problems = []
+    for src in sources:
+        dst = target_dir / src.name
+        text = render(src)
+        if not dst.is_file() or dst.read_text(encoding="utf-8") != text:
+            problems.append(f"{dst.name}: {'missing' if not dst.is_file() else 'out of date'}")
+            if not check:
+                target_dir.mkdir(parents=True, exist_ok=True)
+                dst.write_text(text, encoding="utf-8")
+    wanted = {s.name for s in sources}
+    for stale in sorted(target_dir.glob("*.ipynb")):
+        if stale.name not in wanted:
+            problems.append(f"{stale.name}: has no source in {source_dir.name}/")
+            if not check:
+                stale.unlink()
+    return problems
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib.exercises", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report; exit 1 if exercises/ is out of date")
+    args = parser.parse_args(argv)
+    problems = sync(SOURCE_DIR, TARGET_DIR, check=args.check)
+    for p in problems:
+        print(("out of sync: " if args.check else "regenerated: ") + p)
+    if args.check and problems:
+        print("Run `python -m course_lib.exercises` and commit exercises/.", file=sys.stderr)
+        return 1
+    if not problems:
+        print(f"exercises/ is up to date with solutions/ ({len(list(SOURCE_DIR.glob('*.ipynb')))} notebooks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Worker functions for the launch tests: `fn(rank, world_size, *args)`.
+
+A top-level module of tests/ (pytest puts tests/ on sys.path: conftest.py, no __init__.py); the
+spawned workers inherit sys.path, so they import it by the same name.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def fail_on_rank(rank: int, world_size: int, bad_rank: int = 1) -> int:
+    """Rank `bad_rank` raises; the others wait in a collective it never joins (as in real bugs)."""
+    if rank == bad_rank:
+        raise ValueError(f"deliberate failure on rank {rank}")
+    dist.barrier()
+    return rank
+
+
+def report_pid_then_sleep(rank: int, world_size: int, pid_dir: str) -> None:
+    """Write this worker's pid to pid_dir/rank, then hang (for orphan tests)."""
+    with open(os.path.join(pid_dir, str(rank)), "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(1)
+
+
+def start_child_then_sleep(rank: int, world_size: int, pid_dir: str) -> None:
+    """Start a process of its own (in its own session), write its pid to pid_dir/child{rank}, then hang."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    with open(os.path.join(pid_dir, f"child{rank}"), "w") as f:
+        f.write(str(child.pid))
+    while True:
+        time.sleep(1)
+
+
+def add_rank_in_place(rank: int, world_size: int, t: torch.Tensor) -> list:
+    """Add this rank to `t` in place; each rank must see its own copy of `t`."""
+    t += rank
+    dist.barrier()
+    return t.tolist()
