@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from conftest import needs_mnist
-from course_lib import grade
-from course_lib import make_it_small as mis
 from course_lib.checks import practicum_make_it_small as pm
+from course_lib.grading import grade, sandbox
+from course_lib.grading import make_it_small as mis
 from course_lib.models import LeNet300
 from nbtools import ROOT
 
@@ -110,7 +110,7 @@ ANSWERS = {   # name -> the answer cells' code
 }
 CHEATS = {   # name -> (code, the stage where it fails, words of the error)
     "decompress loads the given model": (answer("return {}", """
-        from course_lib.make_it_small import given_model
+        from course_lib.grading.make_it_small import given_model
         return given_model()"""), "decompress", "does not let your code read"),
     "decompress uses a global set by compress": (answer("SAVED['m'] = model\nreturn {}", "return SAVED['m']",
                                                         top="SAVED = {}"), "decompress", "KeyError"),
@@ -206,8 +206,8 @@ def test_given_model_is_trained_once_cached_outside_the_repo_and_deterministic(t
     files = list((tmp_path / "cache").iterdir())
     assert len(files) == 1 and "training the given model once" in capsys.readouterr().out
     assert torch.load(files[0], weights_only=True)["train_images"] == 128 == first["train_images"]
-    import course_lib.train
-    monkeypatch.setattr(course_lib.train, "fit", lambda *a, **k: pytest.fail("the cached model was trained again"))
+    import course_lib.loop
+    monkeypatch.setattr(course_lib.loop, "fit", lambda *a, **k: pytest.fail("the cached model was trained again"))
     again = mis.given_checkpoint(root)
     assert all(torch.equal(again["model"][k], v) for k, v in first["model"].items())
     monkeypatch.undo()
@@ -340,6 +340,47 @@ def test_check_budget_rejects_a_bad_budget():
         pm.check_budget(mis.Measurement(), 0)
 
 
+# --- the sandbox on its own (no MNIST needed) ----------------------------------------------------
+
+def test_load_artifact_and_describe():
+    weights = torch.arange(12.0)
+    blob = io.BytesIO()
+    torch.save({"w": weights[:4], "again": weights[4:], "meta": {"n": 3, "name": "x"}}, blob)
+    contents = sandbox.describe(sandbox.load_artifact(blob.getvalue()))
+    assert contents == [("w", "float32 [4]", 48), ("again", "float32 [8]", 0),       # one storage, counted once
+                        ("meta.n", "int (size of its repr)", 1), ("meta.name", "str (size of its repr)", 3)]
+    for bad, words in ((b"garbage", "refused it"), (saved([1, 2]), "must return a dict"),
+                       (b"x" * (sandbox.MAX_ARTIFACT_BYTES + 1), "over the")):
+        with pytest.raises(ValueError, match=words):
+            sandbox.load_artifact(bad)
+
+
+def saved(obj) -> bytes:
+    blob = io.BytesIO()
+    torch.save(obj, blob)
+    return blob.getvalue()
+
+
+def test_run_child_runs_the_code_guarded_and_refuses_a_bad_role():
+    readable = {"folders": sandbox.python_folders(), "files": [], "denied": []}
+    code = textwrap.dedent("""
+        import os, subprocess
+        def compress(model):
+            print("hello from compress")
+            try:
+                subprocess.run(["true"])
+            except PermissionError as e:
+                print(e)
+            return {"n": sum(p.numel() for p in model.parameters()), "pid": os.getpid()}
+        """)
+    replies, output = sandbox.run_child("compress", {"code": code, "state": LeNet300().state_dict(), **readable})
+    artifact = sandbox.load_artifact(replies[-1]["artifact"])
+    assert artifact["n"] == 266_610 and "hello from compress" in output and "subprocess.Popen" in output
+    assert not os.path.exists(f"/proc/{artifact['pid']}")     # the child is gone
+    with pytest.raises(ValueError, match="role"):
+        sandbox.run_child("train", {})
+
+
 # --- the notebook, graded end to end --------------------------------------------------------------
 
 def submission(tmp_path, answers: dict) -> Path:
@@ -357,7 +398,8 @@ def submission(tmp_path, answers: dict) -> Path:
 
 @needs_mnist
 @pytest.mark.timeout(900)
-def test_grading_the_solution_the_student_version_and_a_cheat(tmp_path):
+def test_grading_the_solution_the_student_version_and_a_cheat(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)    # the grader finds solutions/ under the current folder
     seconds = {}
     for who, path in (("solution", ROOT / "solutions" / NAME), ("student version", ROOT / "exercises" / NAME)):
         start = time.monotonic()
@@ -375,7 +417,7 @@ def test_grading_the_solution_the_student_version_and_a_cheat(tmp_path):
         import os
         PATH = {str(planted)!r}
         if not os.path.exists(PATH):
-            from course_lib.make_it_small import given_model
+            from course_lib.grading.make_it_small import given_model
             torch.jit.save(torch.jit.script(given_model()), PATH)
         """)
     sub = submission(tmp_path, {"pr_small_compress": cheat, "pr_small_decompress": ""})

@@ -3,12 +3,14 @@
 Every script here really runs under torchrun (2 CPU ranks); each wrong script carries mistakes that
 different checks must catch, each with its own diagnosis.
 """
+import os
 import sys
 
 import pytest
 
 from conftest import needs_mnist
 from course_lib.checks import practicum_scale_out as ps
+from course_lib.grading import scale_out_harness
 from nbtools import ROOT, notebook_namespace
 
 pytestmark = [needs_mnist, pytest.mark.timeout(600)]
@@ -116,3 +118,13 @@ def test_pytorchs_gloo_shutdown_race_is_retried_once_and_only_that():
     other = ps.run_ddp(RACE_ONCE.replace("terminate called without an active exception", "my own bug"),
                        timeout=60, quiet=True)
     assert other.returncode != 0                       # any other failure is the script's, reported as is
+
+
+def test_bad_input_and_where_the_children_find_course_lib():
+    with pytest.raises(TypeError, match="text of a Python file"):
+        ps.run_ddp(b"print(1)")
+    with pytest.raises(ValueError, match="world_size"):
+        ps.run_ddp("print(1)", world_size=0)
+    root = scale_out_harness.PACKAGE_ROOT       # the folder that holds the imported course_lib, not a guess
+    assert (root / "course_lib" / "__init__.py").is_file()
+    assert scale_out_harness._env()["PYTHONPATH"].split(os.pathsep)[0] == str(root)

@@ -2,19 +2,30 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from course_lib import exercises
+import course_lib
+from course_lib.grading import exercises
 from nbtools import ROOT, is_grade_cell
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
 
-def test_exercises_are_in_sync_with_solutions():
+@pytest.fixture
+def in_the_course_root(monkeypatch):
+    """solutions/ and exercises/ default to folders under the current one, as when run from the course's root."""
+    monkeypatch.chdir(ROOT)
+
+
+def test_exercises_are_in_sync_with_solutions(in_the_course_root):
     problems = exercises.sync(check=True)
     assert not problems, f"run `python -m course_lib.exercises`: {problems}"
 
@@ -40,11 +51,20 @@ def test_check_mode_detects_an_edit_and_a_stale_file(tmp_path):
     assert not exercises.sync(src, dst, check=True) and not (dst / "orphan.ipynb").exists()
 
 
-def test_cli_check_exit_status(tmp_path, monkeypatch):
+def test_cli_check_exit_status(tmp_path, in_the_course_root, capsys):
     assert exercises.main(["--check"]) == 0
-    monkeypatch.setattr(exercises, "TARGET_DIR", tmp_path)  # an empty exercises/ folder
-    assert exercises.main(["--check"]) == 1
+    assert exercises.main(["--check", "--exercises", str(tmp_path)]) == 1   # an empty exercises/ folder
     assert not list(tmp_path.iterdir()), "--check must not write"
+    assert exercises.main(["--solutions", str(tmp_path / "nope"), "--exercises", str(tmp_path)]) == 2
+    assert "there is no folder" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_run_from_another_folder_names_the_missing_folder(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(course_lib.__file__).resolve().parent.parent)}
+    done = subprocess.run([sys.executable, "-m", "course_lib.exercises", "--check"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "there is no folder solutions" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())
 
 
 def test_a_marker_outside_a_solution_cell_is_refused():

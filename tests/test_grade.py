@@ -1,18 +1,22 @@
-"""course_lib.grade: full points for the solution, zero for the untouched exercise, and what students do.
+"""course_lib.grading.grade: full points for the solution, zero for the untouched exercise, and what students do.
 
 Most robustness cases use a tiny source notebook written here (no torch, so its kernels start fast);
 the check-module monkeypatching cases use exercise notebook 07 and its real checks.
 """
 import json
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import nbformat
 import pytest
 
+import course_lib
 from conftest import needs_mnist
-from course_lib import exercises, grade, grade_kernel
-from course_lib.distributed.multinode import alive
+from course_lib.grading import exercises, grade, kernel
+from course_lib.processes import alive
 from nbtools import ROOT
 
 SOLUTION = "\n    ### BEGIN SOLUTION\n    {}\n    ### END SOLUTION"
@@ -66,22 +70,28 @@ def toy(tmp_path):
     return toy_source(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def in_the_course_root(monkeypatch):
+    """The grader looks for solutions/ under the current folder, as when run from the course's root."""
+    monkeypatch.chdir(ROOT)
+
+
 def test_run_cells_survives_a_hang_and_leaves_no_process_behind():
     """A cell that starts a detached process and a cell that hangs: the process is killed, later cells run."""
     spawn = ("import subprocess, sys\n"
              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
              "print(p.pid)")
-    results = grade_kernel.run_cells(["x = 1", spawn, "while True:\n    pass", "print(x + 1)"],
+    results = kernel.run_cells(["x = 1", spawn, "while True:\n    pass", "print(x + 1)"],
                                      cell_timeout=10, total_timeout=300)
     assert [r.status for r in results] == ["ok", "ok", "timeout", "ok"] and results[3].stdout == "2\n"
     assert not alive(int(results[1].stdout)), "a process started by a cell outlived the grading kernel"
 
 
 def test_run_cells_total_deadline_and_bad_timeouts():
-    results = grade_kernel.run_cells(["import time\ntime.sleep(60)", "print(1)"], cell_timeout=100, total_timeout=20)
+    results = kernel.run_cells(["import time\ntime.sleep(60)", "print(1)"], cell_timeout=100, total_timeout=20)
     assert [r.status for r in results] == ["timeout", "not run"]
     with pytest.raises(ValueError, match="timeout"):
-        grade_kernel.run_cells(["1"], cell_timeout=0)
+        kernel.run_cells(["1"], cell_timeout=0)
 
 
 def test_toy_solution_full_points_and_student_version_zero(toy, tmp_path):
@@ -169,14 +179,61 @@ def test_finding_the_source(toy, tmp_path, monkeypatch):
     assert grade.find_source(sub, grade.read_notebook(sub)) == path
     renamed = submission(tmp_path, nb, {}, name="jane_doe_hw.ipynb")
     assert grade.find_source(renamed, grade.read_notebook(renamed)) == path          # matched by grade_id
-    monkeypatch.delenv("COURSE_SOLUTIONS_DIR")
+    monkeypatch.delenv("COURSE_SOLUTIONS_DIR")                # then solutions/ under the current folder
     assert grade.find_source(ROOT / "exercises" / EX07) == ROOT / "solutions" / EX07
     with pytest.raises(FileNotFoundError, match="--source"):
         grade.find_source(renamed, grade.read_notebook(renamed))
     with pytest.raises(FileNotFoundError):
         grade.find_source(sub, None, tmp_path / "nope.ipynb")
     assert grade.main([str(sub), "--source", str(tmp_path / "nope.ipynb")]) == 2
+    monkeypatch.chdir(tmp_path / "submitted")                 # no solutions/ here: the message names the folder
+    with pytest.raises(FileNotFoundError, match="there is no folder .*solutions"):
+        grade.find_source(sub, grade.read_notebook(sub))
 
+
+def test_a_missing_submission_is_reported_without_a_traceback(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(course_lib.__file__).resolve().parent.parent)}
+    done = subprocess.run([sys.executable, "-m", "course_lib.grade", "missing.ipynb"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "missing.ipynb was not found" in done.stderr and "Traceback" not in done.stderr + done.stdout
+    with pytest.raises(FileNotFoundError, match="not found"):
+        grade.grade(tmp_path / "missing.ipynb")
+
+
+BLOCKED_IMPORTS = r"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"nbformat", "nbclient", "nbgrader", "jupyter_client", "pytest", "lightning"}:
+            raise ImportError(f"No module named {name!r} (blocked by the test)")
+sys.meta_path.insert(0, Block())
+import course_lib, course_lib.processes, course_lib.distributed.launch, course_lib.distributed.multinode
+import course_lib.distributed.workers
+assert not [m for m in sys.modules if m.startswith("course_lib.grading")], "a technique module imported grading"
+import course_lib.grading.make_it_small, course_lib.grading.scale_out_harness, course_lib.grading.student
+import course_lib.checks.practicum_make_it_small, course_lib.checks.practicum_scale_out, course_lib.checks.nb05
+for name in ("course_lib.grade", "course_lib.exercises", "course_lib.grading.kernel"):
+    try:
+        __import__(name)
+    except ImportError as exc:
+        assert "pip install 'course_lib[grading]'" in str(exc), exc
+    else:
+        raise AssertionError(name + " imported without nbformat")
+print("ok")
+"""
+
+
+def test_grading_needs_its_extra_and_nothing_else_does():
+    env = {**os.environ, "PYTHONPATH": str(Path(course_lib.__file__).resolve().parent.parent)}
+    done = subprocess.run([sys.executable, "-c", BLOCKED_IMPORTS], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    package = Path(course_lib.__file__).resolve().parent     # the rule, for every module: only checks import grading
+    for path in package.rglob("*.py"):
+        part = path.relative_to(package).parts[0]
+        if part not in ("grading", "checks", "grade.py", "exercises.py"):
+            assert "grading" not in "".join(line for line in path.read_text().splitlines()
+                                            if line.lstrip().startswith(("import ", "from "))), path
 
 
 def test_exercise_07_solution_and_student_version():

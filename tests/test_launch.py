@@ -1,23 +1,12 @@
 """The notebook launcher: results by rank, errors with rank and traceback, timeouts, no orphans."""
-import os
 import time
 
 import pytest
 
+import launch_workers
 from course_lib.distributed import workers
 from course_lib.distributed.launch import WorkerError, choose_backend, launch
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+from course_lib.processes import alive
 
 
 @pytest.mark.parametrize("world_size", [1, 3])
@@ -33,7 +22,7 @@ def test_all_reduce_results_come_back_in_rank_order(world_size):
 def test_a_failing_rank_is_reported_with_its_traceback_and_the_rest_are_killed():
     t0 = time.monotonic()
     with pytest.raises(WorkerError) as info:
-        launch(workers.fail_on_rank, 3, 2, timeout=60)
+        launch(launch_workers.fail_on_rank, 3, 2, timeout=60)
     assert time.monotonic() - t0 < 30, "the error must arrive in seconds, not at the timeout"
     err = info.value
     assert err.rank == 2 and "rank 2 failed" in str(err)
@@ -42,10 +31,17 @@ def test_a_failing_rank_is_reported_with_its_traceback_and_the_rest_are_killed()
 
 def test_timeout_kills_every_worker(tmp_path):
     with pytest.raises(TimeoutError, match="ranks \\[0, 1\\]"):
-        launch(workers.report_pid_then_sleep, 2, str(tmp_path), timeout=8)
+        launch(launch_workers.report_pid_then_sleep, 2, str(tmp_path), timeout=8)
     pids = [int((tmp_path / str(r)).read_text()) for r in range(2)]
     time.sleep(0.5)
     assert not any(alive(pid) for pid in pids), "no orphan worker may survive the launch"
+
+
+def test_a_process_a_worker_started_is_killed_with_it(tmp_path):
+    with pytest.raises(TimeoutError):
+        launch(launch_workers.start_child_then_sleep, 2, str(tmp_path), timeout=8)
+    children = [int((tmp_path / f"child{r}").read_text()) for r in range(2)]
+    assert not any(alive(pid) for pid in children), "a process started by a worker outlived the launch"
 
 
 def test_bad_arguments_are_refused_by_name():
@@ -81,5 +77,5 @@ def test_free_port_can_be_bound():
 
 def test_each_rank_gets_its_own_copy_of_tensor_arguments():
     import torch
-    out = launch(workers.add_rank_in_place, 3, torch.zeros(2))
+    out = launch(launch_workers.add_rank_in_place, 3, torch.zeros(2))
     assert out == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from course_lib.distributed.launch import WorkerError
-from course_lib.distributed.student import compile_source, launch_student, student_source
+from course_lib.grading.student import compile_source, launch_student, student_source
 
 
 def scaled_sum(tensor, factor):

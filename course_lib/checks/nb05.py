@@ -8,7 +8,9 @@ from . import expect, passed
 from ..distributed.collectives import count_traffic
 from ..distributed.launch import WorkerError, launch
 from ..distributed.ring import ring_schedule
-from ..distributed.student import compile_source, student_source
+from ..env import rank_device
+from ..grading.student import compile_source, student_source
+from ..models import max_diff
 
 WORLD_SIZES = (3, 2, 4)  # 3 first: on 2 ranks a naive all-reduce sends the same bytes as a ring
 
@@ -20,7 +22,7 @@ def _sizes(n: int) -> tuple:
 def ring_cases(rank: int, world_size: int, source: str, name: str) -> list:
     """Worker: run the learner's all-reduce on each size; return what it did (errors, traffic)."""
     fn = compile_source(source, name)
-    dev = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    dev = rank_device()
     out = []
     for numel in _sizes(world_size):
         g = torch.Generator().manual_seed(17 * rank + numel)
@@ -31,7 +33,7 @@ def ring_cases(rank: int, world_size: int, source: str, name: str) -> list:
             returned = fn(x)
         returned_ok = isinstance(returned, torch.Tensor) and returned.shape == expected.shape and \
             torch.allclose(returned, expected, atol=1e-5)
-        out.append({"numel": numel, "error": (x - expected).abs().max().item(), "returned_ok": returned_ok,
+        out.append({"numel": numel, "error": max_diff(x, expected), "returned_ok": returned_ok,
                     "bytes_sent": dict(t.bytes_sent), "collectives": dict(t.collective_calls)})
     return out
 

@@ -1,11 +1,12 @@
 """Checks of the practicum "Make it small": every tier is a measured fact about what the answer produced.
 
-Each check takes what `course_lib.make_it_small.measure` (or `remeasure`) returned, by duck typing (the
+Each check takes what `course_lib.grading.make_it_small.measure` (or `remeasure`) returned, by duck typing (the
 grader re-imports course_lib before every test cell), and says what is missing for its tier and why.
 """
 from __future__ import annotations
 
-from ..make_it_small import FLOOR_DROP, WORKING
+from ..grading.make_it_small import FLOOR_DROP, WORKING
+from ..validate import positive_int
 from . import expect, passed
 
 HINTS = {
@@ -71,8 +72,7 @@ def check_floor(result) -> None:
 
 def check_budget(result, budget: int) -> None:
     """Artifact bytes + code bytes <= `budget`, with the accuracy floor met."""
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
-        raise ValueError(f"budget must be a positive number of bytes; got {budget!r}")
+    positive_int("budget", budget)   # bytes
     _round_trip(result)
     total = result.total_bytes
     biggest = sorted(result.contents, key=lambda row: -row[2])[:3]

@@ -1,211 +1,39 @@
 """Checks for solutions/practicum_scale_out.ipynb: run the learner's DDP script for real, then inspect it.
 
-`run_ddp(script)` writes the script to a private temporary folder and starts it with torchrun: 2
-ranks, gloo, one thread each, a free port, a deadline, and every process killed afterwards. An
-audit module on the ranks' PYTHONPATH (a `sitecustomize`) records each `torch.save` with the rank
-that called it. The result (`DDPRun`) holds each rank's stdout, the files the script wrote, the
-audit and the exit code; the folder is deleted. The checks compare it with facts, not with a copy
-of the solution:
+`run_ddp(script)` (course_lib.grading.scale_out_harness) runs the script under torchrun on 2 CPU
+ranks and reads back what it did: each rank's output, the files it wrote, every torch.save with
+its rank, the exit code (a DDPRun). The checks compare it with facts, not with a copy of the
+solution:
 
 - logs: one log file per rank, progress printed by rank 0 only;
 - sampler: each rank's samples per epoch are torch's `DistributedSampler(seed=..)` after `set_epoch(e)`;
 - seeding: the ranks drew different augmentation noise;
 - checkpoint: one file, saved by rank 0 only, that loads into a plain LeNet300;
 - equivalence: the final weights equal those of the given single-process script
-  (`course_lib.scale_out`) run on the global batch (world_size x batch) with the same sample order.
+  (`course_lib.grading.scale_out`) run on the global batch (world_size x batch) with the same sample order;
+- the launch command: it starts N ranks of this Python's torch that form one group.
 """
 from __future__ import annotations
 
-import functools
 import json
-import os
 import re
-import shutil
 import sys
-import tempfile
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from ..distributed.launch import free_port
-from ..distributed.multinode import run_commands
-from ..env import pick
+from ..grading.scale_out_harness import (  # noqa: F401 - run_ddp, single_process_reference: the cells call them
+    SETTINGS, WORLD_SIZE, DDPRun, failed_rank, run_ddp, run_probe, single_process_reference, tail)
 from ..models import LeNet300
 from . import expect, expect_close, passed
-
-# What the graders run: seed 3 (not the default 0) so that a sampler that ignores --seed shows;
-# noise off so the run is deterministic (the noise is still drawn and logged as a fingerprint).
-SETTINGS = {"epochs": 2, "batch_size": 16, "lr": 0.05, "samples": pick(512, 256), "seed": 3, "noise": 0.0}
-WORLD_SIZE = 2
-
-AUDIT = '''"""Grader's audit (sitecustomize): record every torch.save with the rank that called it."""
-import json, os
-if os.environ.get("SCALE_OUT_AUDIT"):
-    import torch
-    _real_save = torch.save
-    def _audited_save(obj, f, *args, **kwargs):
-        path = os.path.abspath(os.fspath(f) if isinstance(f, (str, os.PathLike)) else str(getattr(f, "name", f)))
-        record = {"rank": os.environ.get("RANK"), "path": path}
-        with open(os.path.join(os.environ["SCALE_OUT_AUDIT"], "saves-%d.jsonl" % os.getpid()), "a") as log:
-            log.write(json.dumps(record) + "\\n")
-        return _real_save(obj, f, *args, **kwargs)
-    torch.save = torch.serialization.save = _audited_save
-'''
-
-PROBE = '''import json, os, sys
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.tensor([float(dist.get_rank())])
-dist.all_reduce(t)
-report = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "sum": t.item(), "python": sys.executable,
-          "torch": torch.__version__}
-os.write(1, (json.dumps(report) + "\\n").encode())   # one write: ranks share the output file
-dist.destroy_process_group()
-'''
-
-
-@dataclass
-class DDPRun:
-    """What one torchrun launch of a script did (everything read into memory; the folder is gone)."""
-
-    returncode: int
-    timed_out: bool
-    seconds: float
-    settings: dict
-    world_size: int
-    console: str = ""                                 # torchrun's own stdout + stderr
-    stdout: dict = field(default_factory=dict)        # rank -> what that rank printed
-    stderr: dict = field(default_factory=dict)
-    files: list = field(default_factory=list)         # names the script left in --out
-    logs: dict = field(default_factory=dict)          # *.jsonl file name -> list of records
-    checkpoint: dict | None = None                    # checkpoint.pt, loaded with weights_only
-    saves: list = field(default_factory=list)         # one {"rank", "path"} per torch.save call
-
-
-def _env(**extra) -> dict:
-    """Extra environment for a child: course_lib importable whatever the working directory."""
-    paths = [*extra.pop("prepend", []), str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
-    return {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "TQDM_DISABLE": "1", **extra}
-
-
-def _arguments(settings: dict, out: Path) -> list[str]:
-    args = ["--out", str(out)]
-    for key, value in settings.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    return args
-
-
-SHUTDOWN_RACE = "terminate called without an active exception"
-
-
-def _torchrun(nproc: int, port: int, log_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--redirects", "3",
-            "--log-dir", str(log_dir)]
-
-
-def _on_a_free_port(command, timeout: float, **kwargs) -> tuple:
-    """run_commands([command(port)]) on a free port; once more on another if someone took it in between.
-
-    Returns (returncode, stdout, stderr, timed_out, attempt).
-    """
-    for attempt in range(2):
-        (code, out, err, timed_out, _), = run_commands([command(free_port(), attempt)], timeout=timeout, **kwargs)
-        if code == 0 or "EADDRINUSE" not in out + err:
-            break
-    return code, out, err, timed_out, attempt
-
-
-def _read_jsonl(path: Path) -> list:
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            records.append({"unparsable line": line})
-    return records
-
-
-def _launch(tmp: Path, here: Path, world_size: int, settings: dict, timeout: float) -> DDPRun:
-    """One torchrun launch of tmp/train_ddp.py writing into the fresh folder `here`; read back as a DDPRun."""
-    out, logs, audit = here / "out", here / "torchrun_logs", here / "audit"
-    audit.mkdir(parents=True)
-    env = _env(prepend=[str(tmp / "site")], SCALE_OUT_AUDIT=str(audit))
-    start = time.perf_counter()
-    code, stdout, stderr, timed_out, attempt = _on_a_free_port(
-        lambda port, attempt: _torchrun(world_size, port, logs / str(attempt))
-        + [str(tmp / "train_ddp.py"), *_arguments(settings, out)], timeout, env=env, cwd=tmp)
-    run = DDPRun(code, timed_out, time.perf_counter() - start, settings, world_size, stdout + stderr)
-    for stream in ("stdout", "stderr"):
-        for path in (logs / str(attempt)).glob(f"*/attempt_*/*/{stream}.log"):
-            getattr(run, stream)[int(path.parent.name)] = path.read_text()
-    if out.is_dir():
-        run.files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-        run.logs = {p.name: _read_jsonl(p) for p in sorted(out.glob("*.jsonl"))}
-        if (out / "checkpoint.pt").is_file():
-            try:
-                run.checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - reported by check_checkpoint
-                run.checkpoint = {"unloadable": f"{type(exc).__name__}: {exc}"}
-    for path in sorted(audit.glob("*.jsonl")):
-        run.saves += _read_jsonl(path)
-    return run
-
-
-def run_ddp(script: str, world_size: int = WORLD_SIZE, timeout: float = 90.0, quiet: bool = False,
-            **overrides) -> DDPRun:
-    """Run `script` (the text of a .py file) under torchrun on `world_size` CPU ranks; return a DDPRun.
-
-    overrides change SETTINGS (e.g. epochs=1). Never raises for the script's own failures: they
-    are in returncode/stderr, and the checks explain them.
-    """
-    if not isinstance(script, str):
-        raise TypeError(f"script must be the text of a Python file (a str); got {type(script).__name__}")
-    settings = {**SETTINGS, **overrides}
-    tmp = Path(tempfile.mkdtemp(prefix="scale_out_"))
-    try:
-        (tmp / "site").mkdir()
-        (tmp / "site" / "sitecustomize.py").write_text(AUDIT)
-        (tmp / "train_ddp.py").write_text(script)
-        for launch in range(2):
-            run = _launch(tmp, tmp / f"launch{launch}", world_size, settings, timeout)
-            # PyTorch's gloo threads can abort a rank at interpreter exit even after destroy_process_group
-            # (a known race in torch, not the student's fault): start that run once more from scratch.
-            if run.returncode == 0 or not any(SHUTDOWN_RACE in text for text in run.stderr.values()):
-                break
-            if not quiet:
-                print(f"(a rank hit PyTorch's gloo shutdown race, {SHUTDOWN_RACE!r}: running the script once more)")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if not quiet:
-        print(f"torchrun, {world_size} ranks: exit code {run.returncode} after {run.seconds:.1f} s"
-              + (" (killed at the deadline)" if run.timed_out else ""))
-        for rank in sorted(run.stdout):
-            print(f"--- rank {rank} printed:\n{run.stdout[rank].rstrip() or '(nothing)'}")
-        if run.returncode != 0:
-            rank = _failed_rank(run)
-            print(f"--- rank {rank}'s error output (last lines):\n{_tail(run.stderr.get(rank, run.console))}")
-    return run
-
-
-def _tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def _failed_rank(run: DDPRun) -> int:
-    with_traceback = [r for r, err in sorted(run.stderr.items()) if "Traceback" in err]
-    return with_traceback[0] if with_traceback else 0
 
 
 def _expect_success(run) -> None:
     expect(not run.timed_out,
            f"the script did not finish within the deadline ({run.seconds:.0f} s): a rank waiting in a collective "
            "that another rank never joins? (e.g. a barrier, or DDP's forward/backward, run by rank 0 only)")
-    expect(run.returncode == 0, f"the script failed (exit code {run.returncode}). Rank {_failed_rank(run)}'s "
-           f"error output ends with:\n{_tail(run.stderr.get(_failed_rank(run), run.console))}")
+    expect(run.returncode == 0, f"the script failed (exit code {run.returncode}). Rank {failed_rank(run)}'s "
+           f"error output ends with:\n{tail(run.stderr.get(failed_rank(run), run.console))}")
 
 
 def _rank_log(run, rank: int) -> list:
@@ -311,24 +139,6 @@ def check_checkpoint(run) -> None:
     passed("checkpoint")
 
 
-@functools.lru_cache(maxsize=4)
-def _single_process(settings_items: tuple, global_batch: int, timeout: float) -> dict:
-    settings = {**dict(settings_items), "batch_size": global_batch}
-    with tempfile.TemporaryDirectory(prefix="scale_out_single_") as tmp:
-        (code, out, err, timed_out, _), = run_commands(
-            [[sys.executable, "-m", "course_lib.scale_out", *_arguments(settings, Path(tmp) / "out")]],
-            timeout=timeout, env=_env())
-        if code != 0 or timed_out:
-            raise RuntimeError(f"the given single-process script failed (exit code {code}):\n{_tail(out + err)}")
-        return {"checkpoint": torch.load(Path(tmp) / "out" / "checkpoint.pt", weights_only=True),
-                "log": _read_jsonl(Path(tmp) / "out" / "log.jsonl")}
-
-
-def single_process_reference(run, timeout: float = 90.0) -> dict:
-    """The given script's checkpoint and log, run in one process at the DDP run's global batch size."""
-    return _single_process(tuple(sorted(run.settings.items())), run.settings["batch_size"] * run.world_size, timeout)
-
-
 def check_equivalence(run, atol: float = 1e-5, rtol: float = 1e-4) -> None:
     """The DDP run's final weights equal the single-process script's at the global batch (same order)."""
     _expect_success(run)
@@ -348,24 +158,15 @@ def check_equivalence(run, atol: float = 1e-5, rtol: float = 1e-4) -> None:
 
 def check_torchrun_command(torchrun_command, nproc: int = 2, timeout: float = 60.0) -> None:
     """torchrun_command(script, nproc_per_node, port) -> argv that starts nproc ranks of this Python's torch."""
-    tmp = Path(tempfile.mkdtemp(prefix="scale_out_probe_"))
-    try:
-        (tmp / "probe.py").write_text(PROBE)
-        commands = []
+    def command(script, port):
+        cmd = torchrun_command(script, nproc, port)
+        expect(isinstance(cmd, (list, tuple)) and cmd and all(isinstance(a, str) for a in cmd),
+               f"return the command as a list of strings (an argv for subprocess.run); got {cmd!r}")
+        return list(cmd)
 
-        def command(port, attempt):
-            cmd = torchrun_command(str(tmp / "probe.py"), nproc, port)
-            expect(isinstance(cmd, (list, tuple)) and cmd and all(isinstance(a, str) for a in cmd),
-                   f"return the command as a list of strings (an argv for subprocess.run); got {cmd!r}")
-            commands.append(list(cmd))
-            return commands[-1]
-
-        code, out, err, timed_out, _ = _on_a_free_port(command, timeout, env=_env(), cwd=tmp)
-        cmd = commands[-1]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    code, out, err, timed_out, cmd = run_probe(command, timeout)
     expect(not timed_out, f"the command did not finish within {timeout:.0f} s: {cmd}")
-    expect(code == 0, f"the command failed (exit code {code}): {cmd}\n{_tail(out + err)}")
+    expect(code == 0, f"the command failed (exit code {code}): {cmd}\n{tail(out + err)}")
     reports = []
     for text in re.findall(r"\{[^{}]*\}", out):   # torchrun may prefix a rank's lines
         try:
@@ -375,7 +176,7 @@ def check_torchrun_command(torchrun_command, nproc: int = 2, timeout: float = 60
     ranks = sorted(r.get("rank") for r in reports)
     expect(ranks == list(range(nproc)), f"expected {nproc} ranks (0..{nproc - 1}) to report, got ranks {ranks}. "
            f"Hint: --nproc_per_node, and the script path after torchrun's own options. The command printed:\n"
-           f"{_tail(out + err)}")
+           f"{tail(out + err)}")
     for r in reports:
         expect(r["world_size"] == nproc and r["sum"] == nproc * (nproc - 1) / 2,
                f"rank {r['rank']} saw world_size {r['world_size']} (expected {nproc}): the ranks did not form "

@@ -14,8 +14,9 @@ What makes it safe to use in front of a class:
 - a worker's exception is re-raised here as WorkerError with that rank and its traceback, and the
   other ranks (perhaps stuck waiting in a collective for the dead one) are killed at once;
 - a deadline (`timeout`) for the whole launch, after which every worker is killed;
-- no orphans: workers are killed on any exit from `launch`, and a worker whose parent dies
-  (kernel restart) exits by itself within a second.
+- no orphans: workers and whatever they started are killed on any exit from `launch`
+  (course_lib.processes.kill_tree), and a worker whose parent dies (kernel restart) exits by
+  itself within a second.
 
 `fn` must be importable by the child (defined in a module such as course_lib, not in a notebook
 cell): a spawned process re-imports it by name.
@@ -34,7 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..validate import positive_int
+from ..processes import kill_tree
+from ..validate import positive_int, positive_number
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -103,6 +105,30 @@ def _root_cause(results, first, grace_s: float = 1.0) -> WorkerError:
     return WorkerError(rank, tb)
 
 
+def _collect(procs, results, deadline: float, timeout: float) -> dict:
+    """{rank: result} once every worker reported; WorkerError/TimeoutError as soon as one cannot."""
+    outputs: dict[int, object] = {}
+    while len(outputs) < len(procs):
+        try:
+            status, rank, value, when = results.get(timeout=0.1)
+        except queue.Empty:
+            dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode not in (None, 0)]
+            if dead:
+                time.sleep(0.5)  # its own error report may still be in flight
+                if results.empty():
+                    raise WorkerError(dead[0], f"the process exited with code {procs[dead[0]].exitcode} "
+                                               "without a Python exception (killed, or crashed in native code)")
+            if time.monotonic() > deadline:
+                missing = [r for r in range(len(procs)) if r not in outputs]
+                raise TimeoutError(f"launch timed out after {timeout:g} s; ranks {missing} had not finished "
+                                   "(a rank waiting in a collective that another rank never joined?)")
+            continue
+        if status == "error":
+            raise _root_cause(results, (when, rank, value))
+        outputs[rank] = value
+    return outputs
+
+
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 120.0,
            threads_per_rank: int = 1) -> list:
     """Run `fn(rank, world_size, *args)` on `world_size` processes; return their results by rank.
@@ -112,8 +138,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 1
     """
     positive_int("world_size", world_size)
     positive_int("threads_per_rank", threads_per_rank)
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds; got {timeout!r}")
+    positive_number("timeout", timeout, finite=False, hint=" (seconds)")
     if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__", ""):
         raise ValueError(f"fn={getattr(fn, '__qualname__', fn)!r} is defined in a notebook or script: spawned "
                          "workers cannot import it. Put worker functions in a module (course_lib) and import them.")
@@ -127,34 +152,16 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 1
                          args=(rank, world_size, backend, store.port, timeout, threads_per_rank, os.getpid(),
                                fn, args, results)) for rank in range(world_size)]
     deadline = time.monotonic() + timeout
-    outputs: dict[int, object] = {}
     try:
         for p in procs:
             p.start()
-        while len(outputs) < world_size:
-            try:
-                status, rank, value, when = results.get(timeout=0.1)
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode not in (None, 0)]
-                if dead:
-                    time.sleep(0.5)  # its own error report may still be in flight
-                    if results.empty():
-                        raise WorkerError(dead[0], f"the process exited with code {procs[dead[0]].exitcode} "
-                                                   "without a Python exception (killed, or crashed in native code)")
-                if time.monotonic() > deadline:
-                    missing = [r for r in range(world_size) if r not in outputs]
-                    raise TimeoutError(f"launch timed out after {timeout:g} s; ranks {missing} had not finished "
-                                       "(a rank waiting in a collective that another rank never joined?)")
-                continue
-            if status == "error":
-                raise _root_cause(results, (when, rank, value))
-            outputs[rank] = value
+        outputs = _collect(procs, results, deadline, timeout)
         for p in procs:
             p.join(timeout=max(deadline - time.monotonic(), 1.0))
     finally:
         for p in procs:
             if p.is_alive():
-                p.kill()
+                kill_tree(p.pid)   # with whatever it started
         for p in procs:
             if p.pid is not None:  # a start() that failed leaves nothing to join
                 p.join(timeout=5)

@@ -20,8 +20,9 @@ When a worker dies, every agent stops its workers and the group rendezvous again
 `--max-restarts` times; TORCHELASTIC_RESTART_COUNT tells the workers which attempt this is), so
 training must resume from a checkpoint on storage every node can read.
 
-Here every "node" is a torchrun process on 127.0.0.1 in its own session, with a deadline; on a
-timeout or a failing node every process tree is killed, so no worker outlives the call:
+Here every "node" is a torchrun process on 127.0.0.1 in its own session, with a deadline
+(course_lib.processes.run_commands); on a timeout or a failing node every process tree is killed,
+so no worker outlives the call:
 
     from course_lib.distributed.multinode import run_nodes, last_json
     results = run_nodes(["course_lib.train", "--strategy", "ddp", "--epochs", "1", "--json"], nnodes=2)
@@ -31,15 +32,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 
-from ..validate import positive_int
+from ..processes import run_commands
+from ..validate import int_in_range, non_negative_int, positive_int
 from .launch import free_port
 
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
@@ -70,10 +68,8 @@ def torchrun_command(module_args, nnodes: int = 1, node_rank: int = 0, nproc_per
         raise TypeError(f"module_args must be a non-empty list of strings, module first; got {module_args!r}")
     positive_int("nnodes", nnodes)
     positive_int("nproc_per_node", nproc_per_node)
-    if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
-        raise ValueError(f"node_rank must be an int in [0, nnodes={nnodes}); got {node_rank!r}")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be a non-negative int; got {max_restarts!r}")
+    int_in_range("node_rank", node_rank, 0, nnodes - 1, hint=f" (nnodes={nnodes})")
+    non_negative_int("max_restarts", max_restarts)
     cmd = [python or sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
            "--nproc_per_node", str(nproc_per_node), "--max-restarts", str(max_restarts)]
     if rdzv_endpoint is None:
@@ -89,129 +85,6 @@ def torchrun_command(module_args, nnodes: int = 1, node_rank: int = 0, nproc_per
         if rdzv_conf:
             cmd += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in rdzv_conf.items())]
     return cmd + ["-m", *module_args]
-
-
-def _process_table() -> dict[int, int]:
-    """{pid: parent pid} of every process (POSIX `ps`, Linux and macOS)."""
-    out = subprocess.run(["ps", "-A", "-o", "pid=", "-o", "ppid="], capture_output=True, text=True,
-                         check=False).stdout
-    table = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            table[int(parts[0])] = int(parts[1])
-    return table
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (torchrun puts its workers in sessions of their own)."""
-    table, found, todo = _process_table(), set(), [pid]
-    while todo:
-        parent = todo.pop()
-        for child, ppid in table.items():
-            if ppid == parent and child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:  # no /proc (macOS): kill(pid, 0) is the answer
-        return True
-
-
-def _signal_groups(pids, sig) -> None:
-    for pid in pids:
-        try:
-            os.killpg(pid, sig)  # each is a session (and group) leader: its own children go too
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def _stop(procs, seen: dict, grace: float) -> None:
-    """SIGTERM torchrun (it stops its workers), then SIGKILL every process tree that is left."""
-    live = [p for p in procs if p.poll() is None]
-    for p in live:
-        seen[p.pid] |= descendants(p.pid)
-    _signal_groups([p.pid for p in live], signal.SIGTERM)
-    end = time.monotonic() + grace
-    while time.monotonic() < end and any(p.poll() is None for p in live):
-        time.sleep(0.1)
-    for p in procs:
-        if p.poll() is None:
-            seen[p.pid] |= descendants(p.pid)
-        _signal_groups([p.pid, *sorted(pid for pid in seen[p.pid] if alive(pid))], signal.SIGKILL)
-        p.wait(timeout=10)
-    end = time.monotonic() + 5  # SIGKILL is delivered asynchronously: wait until they are gone
-    while time.monotonic() < end and any(alive(pid) for pids in seen.values() for pid in pids):
-        time.sleep(0.05)
-
-
-def run_commands(commands, timeout: float = 120.0, env: dict | list | None = None, cwd=None,
-                 grace: float = 5.0) -> list[tuple[int, str, str, bool, list]]:
-    """Run each argv at once, each in its own session; on a failure or the deadline kill every tree.
-
-    env: extra variables for every command, or a list with one dict per command (added to
-    os.environ and OMP_NUM_THREADS=1).
-    Returns (returncode, stdout, stderr, timed_out, pids seen) per command. When one
-    command fails the others get `grace` seconds to notice (torchrun agents do) before they
-    are killed: a node whose peer died would otherwise wait out the rendezvous timeout.
-    """
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds; got {timeout!r}")
-    commands = list(commands)
-    envs = env if isinstance(env, list) else [env] * len(commands)
-    if len(envs) != len(commands) or not all(e is None or isinstance(e, dict) for e in envs):
-        raise TypeError(f"env must be a dict, None, or a list of {len(commands)} dicts (one per command)")
-    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in commands]
-    procs, seen = [], {}
-    deadline, timed_out, failed_at = time.monotonic() + timeout, False, None
-    try:
-        for cmd, extra, (out, err) in zip(commands, envs, files):
-            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, cwd=cwd,
-                                          env={**os.environ, "OMP_NUM_THREADS": "1", **(extra or {})},
-                                          start_new_session=True, text=True))
-            seen[procs[-1].pid] = set()
-        next_scan = 0.0
-        while any(p.poll() is None for p in procs):
-            now = time.monotonic()
-            if now > deadline:
-                timed_out = True
-                break
-            if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
-                failed_at = now
-            if failed_at is not None and now > failed_at + grace:
-                break
-            if now > next_scan:  # remember the workers: they may outlive a killed torchrun
-                for p in procs:
-                    if p.poll() is None:
-                        seen[p.pid] |= descendants(p.pid)
-                next_scan = now + 0.5
-            time.sleep(0.05)
-    finally:
-        _stop(procs, seen, grace)
-    results = []
-    for p, (out, err) in zip(procs, files):
-        out.seek(0)
-        err.seek(0)
-        results.append((p.returncode, out.read(), err.read(), timed_out,
-                        sorted({p.pid} | seen[p.pid])))
-        out.close()
-        err.close()
-    return results
 
 
 def run_nodes(module_args, nnodes: int = 2, nproc_per_node: int = 1, max_restarts: int = 0,

@@ -2,13 +2,17 @@
 
     python -m course_lib.exercises            # rewrite exercises/ from solutions/
     python -m course_lib.exercises --check    # exit 1 if exercises/ is out of date
+    python -m course_lib.exercises --solutions private/solutions --exercises release
+
+The folders default to solutions/ and exercises/ under the current folder: run it from the course's
+root folder (as the Makefile and the tests do), or name them.
 
 `solutions/` is the only hand-edited copy. nbgrader's own preprocessors make the student
 version, exactly as `nbgrader generate_assignment` would: ClearSolutions replaces each
 `### BEGIN SOLUTION`/`### END SOLUTION` region with a `raise NotImplementedError()` stub,
 ClearHiddenTests drops `### BEGIN HIDDEN TESTS`/`### END HIDDEN TESTS` regions, ClearOutput
 drops outputs. Cells must carry nbgrader metadata (solution/grade), so the same sources
-autograde with nbgrader.
+autograde with nbgrader. Needs the grading extra (nbformat, nbgrader): pip install 'course_lib[grading]'.
 """
 from __future__ import annotations
 
@@ -17,16 +21,22 @@ import copy
 import sys
 from pathlib import Path
 
-import nbformat
+try:
+    import nbformat
+except ImportError as exc:
+    raise ImportError(f"generating exercises needs nbformat and nbgrader ({exc}): "
+                      "pip install 'course_lib[grading]'") from exc
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SOURCE_DIR, TARGET_DIR = REPO_ROOT / "solutions", REPO_ROOT / "exercises"
+SOURCE_DIR, TARGET_DIR = Path("solutions"), Path("exercises")   # relative: under the current folder
 LEAK_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 
 
 def student_version(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """The student's copy of a solution notebook: solutions stubbed, hidden tests and outputs gone."""
-    from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions
+    try:
+        from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions
+    except ImportError as exc:
+        raise ImportError(f"generating exercises needs nbgrader ({exc}): pip install 'course_lib[grading]'") from exc
 
     nb = copy.deepcopy(nb)
     resources: dict = {}
@@ -53,6 +63,9 @@ def sync(source_dir: Path = SOURCE_DIR, target_dir: Path = TARGET_DIR, check: bo
     (and are deleted when not checking), so a renamed solution leaves no stale student copy.
     """
     source_dir, target_dir = Path(source_dir), Path(target_dir)
+    if not source_dir.is_dir():
+        raise FileNotFoundError(f"there is no folder {source_dir} (looked in {Path.cwd()}): run from the course's "
+                                "root folder or pass --solutions DIR")
     sources = sorted(source_dir.glob("*.ipynb"))
     if not sources:
         raise FileNotFoundError(f"no solution notebooks in {source_dir}")
@@ -77,15 +90,22 @@ def sync(source_dir: Path = SOURCE_DIR, target_dir: Path = TARGET_DIR, check: bo
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.exercises", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only report; exit 1 if exercises/ is out of date")
+    parser.add_argument("--solutions", type=Path, default=SOURCE_DIR, help="the sources (default: ./solutions)")
+    parser.add_argument("--exercises", type=Path, default=TARGET_DIR, help="the student copies (default: ./exercises)")
     args = parser.parse_args(argv)
-    problems = sync(SOURCE_DIR, TARGET_DIR, check=args.check)
+    try:
+        problems = sync(args.solutions, args.exercises, check=args.check)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for p in problems:
         print(("out of sync: " if args.check else "regenerated: ") + p)
     if args.check and problems:
-        print("Run `python -m course_lib.exercises` and commit exercises/.", file=sys.stderr)
+        print(f"Run `python -m course_lib.exercises` and commit {args.exercises}/.", file=sys.stderr)
         return 1
     if not problems:
-        print(f"exercises/ is up to date with solutions/ ({len(list(SOURCE_DIR.glob('*.ipynb')))} notebooks)")
+        print(f"{args.exercises}/ is up to date with {args.solutions}/ "
+              f"({len(list(args.solutions.glob('*.ipynb')))} notebooks)")
     return 0
 
 

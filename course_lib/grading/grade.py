@@ -10,11 +10,12 @@ hidden tests), not from the submission: every cell comes from the source except 
 (nbgrader `solution: true`), which are taken from the submission by `grade_id`. A deleted answer
 becomes a stub that raises; a duplicated one counts once (the last copy, as "Run all" would leave
 it); the order of the submission's cells and any cells the student added are ignored. It runs in
-a fresh kernel in a private temporary folder (course_lib.grade_kernel), with a deadline per cell
+a fresh kernel in a private temporary folder (course_lib.grading.kernel), with a deadline per cell
 and in total; a cell that hangs or kills the kernel scores 0 and the cells after it still run.
 A test cell earns its points when it ran to its end without an error. The source is found as:
---source, else $COURSE_SOLUTIONS_DIR/<name>, else solutions/<name>; if no file has the
-submission's name (a renamed download), the source notebook that holds its grade_ids.
+--source, else $COURSE_SOLUTIONS_DIR/<name>, else solutions/<name> under the current folder (run
+it from the course's root); if no file has the submission's name (a renamed download), the source
+notebook in that folder that holds its grade_ids. Needs the grading extra (nbformat, nbclient).
 
 Threat model. Students run arbitrary code in the grading kernel, before the tests, so a
 determined student can always cheat (rewrite later cells with an IPython input transformer, patch
@@ -45,11 +46,14 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import nbformat
+try:
+    import nbformat
+except ImportError as exc:
+    raise ImportError(f"grading needs nbformat and nbclient ({exc}): pip install 'course_lib[grading]'") from exc
 
-from .grade_kernel import run_cells
+from .kernel import run_cells
 
-SOLUTIONS_DIR = Path(__file__).resolve().parent.parent / "solutions"
+SOLUTIONS_DIR = Path("solutions")   # relative: under the folder the grader runs in
 FRESH_MODULES = """import sys as _grader_sys
 [_grader_sys.modules.pop(_m) for _m in [_m for _m in _grader_sys.modules if _m.split(".")[0] == "course_lib"]]
 del _grader_sys
@@ -103,9 +107,12 @@ def find_source(submission: Path, nb=None, source=None) -> Path:
         if not Path(source).is_file():
             raise FileNotFoundError(f"--source {source} does not exist")
         return Path(source)
-    folder = Path(os.environ.get("COURSE_SOLUTIONS_DIR") or SOLUTIONS_DIR)
+    folder = Path(os.environ.get("COURSE_SOLUTIONS_DIR") or Path.cwd() / SOLUTIONS_DIR)
     if (folder / submission.name).is_file():
         return folder / submission.name
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no source notebook for {submission.name}: there is no folder {folder} (run from the "
+                                "course's root folder, pass --source or set COURSE_SOLUTIONS_DIR)")
     wanted = {_meta(c).get("grade_id") for c in (nb.cells if nb else [])} - {None}
     matches = [p for p in sorted(folder.glob("*.ipynb"))
                if wanted & {_meta(c).get("grade_id") for c in nbformat.read(str(p), as_version=4).cells}]
@@ -174,6 +181,8 @@ def _verdict(result, marker: str) -> tuple[str, str]:
 def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float = 900.0) -> Report:
     """Grade the notebook at `submission` against its source; never modifies either file."""
     start, submission = time.monotonic(), Path(submission)
+    if not submission.exists():
+        raise FileNotFoundError(f"the submission {submission} was not found")
     try:
         sub_nb, error = read_notebook(submission), ""
     except ValueError as exc:
@@ -226,7 +235,7 @@ def main(argv=None) -> int:
         p.error("--cell-timeout and --timeout must be > 0")
     try:
         report = grade(args.submission, args.source, args.cell_timeout, args.timeout)
-    except (FileNotFoundError, ValueError) as exc:   # no source, or an unreadable source
+    except (FileNotFoundError, ValueError) as exc:   # no submission, no source, or an unreadable source
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(format_report(report))

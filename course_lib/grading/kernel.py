@@ -1,11 +1,12 @@
-"""Run code cells in a fresh, private Jupyter kernel, whatever the code in them does (for course_lib.grade).
+"""Run code cells in a fresh, private Jupyter kernel, whatever the code in them does (for grading.grade).
 
     results = run_cells(["x = 1", "while True: pass", "print(x)"], cell_timeout=5)
     [r.status for r in results]        # -> ["ok", "timeout", "ok"]
 
 Each cell has a deadline (`cell_timeout`, and whatever is left of `total_timeout`). A cell that
 runs past it, or kills the kernel (`os._exit`, a crash in native code), is marked "timeout" or
-"died"; the kernel and everything it started are killed, and a new kernel runs the cells again
+"died"; the kernel and everything it started are killed (course_lib.processes.kill_tree: also
+what a cell started in a session of its own), and a new kernel runs the cells again
 from the top without that cell, so the cells after it still run. A cell that raises is "error"
 (the kernel carries on, as in Jupyter). Cells left when the total deadline passes are "not run".
 
@@ -16,16 +17,24 @@ is deleted afterwards, so nothing the cells contained is left on disk.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
+from ..processes import kill_tree
+from ..validate import positive_number
+
+try:
+    import nbformat
+    if importlib.util.find_spec("nbclient") is None:   # imported when cells run
+        raise ImportError("No module named 'nbclient'")
+except ImportError as exc:
+    raise ImportError(f"grading needs nbformat and nbclient ({exc}): pip install 'course_lib[grading]'") from exc
 
 KERNEL_NAME = "course-grade"
 
@@ -52,19 +61,6 @@ def _kernelspec(folder: Path) -> Path:
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "course grader", "language": "python"}))
     return spec.parent
-
-
-def _kill_tree(pid: int | None) -> None:
-    """SIGKILL every process below `pid` (e.g. torchrun started in its own session by a cell)."""
-    if not pid:
-        return
-    from .distributed.multinode import descendants
-
-    for child in descendants(pid):
-        try:
-            os.kill(child, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _attempt(sources, skip: dict, deadline: float, cell_timeout: float, folder: Path):
@@ -106,13 +102,14 @@ def _attempt(sources, skip: dict, deadline: float, cell_timeout: float, folder: 
                                      time.monotonic() - start)
             return results, None
         finally:
-            _kill_tree(pid)        # before the kernel goes: its orphans could not be found afterwards
+            if pid:   # before the kernel goes (its manager shuts it down): its orphans could not be found afterwards
+                kill_tree(pid, root=False)
 
 
 def run_cells(sources: list[str], cell_timeout: float = 120.0, total_timeout: float = 900.0) -> list[CellRun]:
     """Execute `sources` in order in a fresh kernel; one CellRun per source (see the module docstring)."""
-    if not cell_timeout > 0 or not total_timeout > 0:
-        raise ValueError(f"cell_timeout and total_timeout must be > 0 seconds; got {cell_timeout!r}, {total_timeout!r}")
+    positive_number("cell_timeout", cell_timeout, finite=False, hint=" (seconds)")
+    positive_number("total_timeout", total_timeout, finite=False, hint=" (seconds)")
     deadline = time.monotonic() + total_timeout
     skip: dict[int, str] = {}
     with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:

@@ -14,64 +14,45 @@ strings) and decompress(artifact) -> nn.Module. `measure` never calls them in th
 4. another fresh process runs the code and decompress, twice; only then does it get the test images
    (never the labels), and it returns the logits of both models, in eval mode under inference_mode.
    Accuracy is computed here against the given model on the same images.
-Both processes run one thread (OMP_NUM_THREADS=1): a busy grading machine then slows them down least.
+The processes (course_lib.grading.sandbox) run one thread each, under a deadline, guarded.
 
 Threat model. Defended: weights hidden in the code (they count); state kept by compress (nothing of
 the notebook's memory reaches decompress); pickled objects (weights_only). In both processes an audit
-hook (`sys.addaudithook`) refuses Python-level opens of files other than Python's and course_lib's
-own (compress may also read the two training files), any write, sockets, new processes and gc's
-object lists: decompress cannot read the cached given model, a saved model or any data, and compress
-cannot read the test set. A decompressed model that computes exactly the given model's logits from
+hook refuses opens of files other than Python's and course_lib's own (compress may also read the two
+training files), writes, sockets and new processes (see the sandbox's docstring): decompress cannot
+read the cached given model, a saved model or any data, and compress cannot read the test set. A
+decompressed model that computes exactly the given model's logits from
 fewer bytes than an fp16 copy needs is flagged (`same_as_given`): it got the weights from elsewhere.
 Not defended: native code (ctypes, C extensions, torch's C++ readers such as torch.from_file or
 torch.jit.load) bypasses audit hooks; files planted by an answer cell, which runs unguarded in the
 grading kernel, in Python's or course_lib's folders; labels memorised from the public test set in a
-way that survives noise. The grader's threat model (`course_lib.grade`) applies; for high stakes, grade
+way that survives noise. The grader's threat model (`course_lib.grading.grade`) applies; for high stakes, grade
 in a container per submission and read the code of the top scores.
 """
 from __future__ import annotations
 
 import ast
 import hashlib
-import io
 import linecache
 import os
-import queue
-import re
-import site
-import struct
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-import traceback
-import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from . import data
-from .checkpoint import load_checkpoint, save_checkpoint
-from .compression.measure import serialized_bytes as saved_bytes   # what an artifact costs (re-exported)
-from .env import quick_mode, seed_everything
-from .models import LeNet300
+from .. import data
+from ..checkpoint import load_checkpoint, save_checkpoint
+from ..compression.measure import serialized_bytes as saved_bytes  # noqa: F401 - an artifact's cost, for the notebook
+from ..env import quick_mode, seed_everything
+from ..models import LeNet300
+from .sandbox import SECONDS, describe, load_artifact, python_folders, run_child  # noqa: F401 - SECONDS: the limits
 
 BUDGETS = (200_000, 100_000, 50_000)   # bytes (KB = 1000 bytes, as Deep Compression counts)
 FLOOR_DROP = 0.01                      # accuracy may fall at most 1 percentage point below the given model's
 WORKING = 0.5                          # a working model classifies at least half of the images right
 QUICK_IMAGES, HIDDEN_IMAGES, NOISE = 2000, 5000, 0.1   # NOISE: std in normalised pixel units (~8/255)
 RECIPE = {"epochs": 8, "lr": 1e-3, "batch_size": 64, "seed": 0}
-SECONDS = {"compress": 60.0, "decompress": 45.0}   # together under the grader's 120 s per cell
-MAX_ARTIFACT_BYTES = 64 * 2**20
-PACKAGE = Path(__file__).resolve().parent
-_CHILD = "from course_lib.make_it_small import _child; _child()"
-_BLOCKED = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.kill",
-            "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.link", "os.symlink", "os.chmod",
-            "shutil.", "gc.get_", "urllib.", "http.", "ftplib.", "smtplib.", "pty.")
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
 # --- the given model ------------------------------------------------------------------------------
@@ -98,7 +79,7 @@ def given_checkpoint(root=None, log=print) -> dict:
         log(f"training the given model once ({len(labels):,} training images); cached at {path}")
     except Exception as exc:  # noqa: BLE001 - a damaged cache is retrained, never trusted
         log(f"the cached given model {path} is unreadable ({type(exc).__name__}); training it again")
-    from .train import evaluate, fit
+    from ..loop import evaluate, fit
 
     seed_everything(RECIPE["seed"])
     loader = data.TensorLoader(*data.load_tensors("train", root), batch_size=RECIPE["batch_size"],
@@ -241,7 +222,7 @@ def measure(compress, decompress, source: str | None = None, root=None, quiet: b
         result.stage, result.error = "code", f"{type(exc).__name__}: {exc}"
     if not result.stage:
         state = given_checkpoint(root)["model"]
-        replies, result.output = _session("compress", {"code": result.code, "state": state, **_readable(root)})
+        replies, result.output = run_child("compress", {"code": result.code, "state": state, **_readable(root)})
         reply, result.seconds["compress"] = replies[-1], replies[-1].get("seconds")
         if "error" in reply:
             result.stage, result.error = reply["stage"], reply["error"]
@@ -287,7 +268,7 @@ def _evaluate(result: Measurement, root, seed=None, noise: float = 0.0, size: in
     with torch.inference_mode():
         given_logits = torch.cat([given(images[i:i + 500]) for i in range(0, len(images), 500)])
     request = {"code": result.code, "artifact": result.artifact, **_readable(root, train=False)}
-    replies, output = _session("decompress", request, [{"images": images}])
+    replies, output = run_child("decompress", request, [{"images": images}])
     result.output = (result.output + output)[-4000:]
     reply, result.seconds["decompress"] = replies[-1], replies[-1].get("seconds")
     if "error" in reply:
@@ -307,198 +288,17 @@ def _evaluate(result: Measurement, root, seed=None, noise: float = 0.0, size: in
 
 def _inspect_artifact(result: Measurement) -> None:
     """Load the artifact as decompress will get it (weights_only) and list what it holds."""
-    if len(result.artifact) > MAX_ARTIFACT_BYTES:
-        result.stage = "artifact"
-        result.error = f"{len(result.artifact):,} bytes is over the {MAX_ARTIFACT_BYTES:,} limit"
-        return
     try:
-        artifact = torch.load(io.BytesIO(result.artifact), weights_only=True, map_location="cpu")
-    except Exception as exc:  # noqa: BLE001 - torch says which global it refused
-        why = re.search(r"WeightsUnpickler error: (.*?)(?: Please use|\n|$)", str(exc))
-        result.stage = "artifact"
-        result.error = f"torch.load(weights_only=True) refused it: {why.group(1) if why else str(exc)[:300]}"
-        return
-    if not isinstance(artifact, dict):
-        result.stage = "artifact"
-        result.error = f"compress must return a dict; it returned a {type(artifact).__name__}"
-        return
+        result.contents = describe(load_artifact(result.artifact))
+    except ValueError as exc:
+        result.stage, result.error = "artifact", str(exc)
 
-    def walk(prefix, value):
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), item)
-        elif isinstance(value, (list, tuple)) and any(isinstance(v, (torch.Tensor, dict, list, tuple))
-                                                      for v in value):
-            for i, item in enumerate(value):
-                walk(f"{prefix}[{i}]", item)
-        elif isinstance(value, torch.Tensor):   # torch.save writes a view's whole storage, once
-            storage = value.untyped_storage()
-            result.contents.append((prefix, f"{str(value.dtype).removeprefix('torch.')} {list(value.shape)}",
-                                    0 if storage.data_ptr() in seen else storage.nbytes()))
-            seen.add(storage.data_ptr())
-        else:
-            result.contents.append((prefix, f"{type(value).__name__} (size of its repr)", len(repr(value))))
-    seen: set = set()
-    walk("", artifact)
-
-
-# --- the processes that run the student's code ----------------------------------------------------
 
 def _readable(root, train: bool = True) -> dict:
-    """What the guard lets a child read: Python's and course_lib's folders; never the data or the cache,
-    except the two training files when `train` (compress may retrain)."""
-    folders = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, str(PACKAGE), os.devnull,
-               *site.getsitepackages(), site.getusersitepackages(), str(Path(torch.__file__).parent.parent)}
+    """What the sandbox's guard lets the answer read: Python's and course_lib's folders; never the data or
+    the cache, except the two training files when `train` (compress may retrain)."""
     raw = data._resolve_root(root) / "MNIST" / "raw"
     files = [str(raw / name) for name in data.RAW_FILES["train"]] if train else []
     real = lambda paths: [os.path.realpath(p) for p in paths]  # noqa: E731
-    return {"folders": real(folders), "files": real(files), "denied": real([cache_dir(), data._resolve_root(root)])}
-
-
-def _frame(obj) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return struct.pack("<Q", len(buffer.getvalue())) + buffer.getvalue()
-
-
-def _receive(stream) -> dict:
-    header = stream.read(8)
-    size = struct.unpack("<Q", header)[0] if len(header) == 8 else -1
-    payload = stream.read(size) if size >= 0 else b""
-    if size < 0 or len(payload) != size:
-        raise EOFError("the stream ended")
-    return torch.load(io.BytesIO(payload), weights_only=True)
-
-
-def _session(role: str, request: dict, later=()) -> tuple[list, str]:
-    """Start a child for `role`, send `request`, and each of `later` after each reply; (replies, printed output).
-    Stops at the first reply with an "error"; a child that dies or runs past SECONDS[role] becomes one."""
-    deadline, replies = time.monotonic() + SECONDS[role], []
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE.parent), os.environ.get("PYTHONPATH")]))}
-    with tempfile.TemporaryDirectory(prefix=f"make_it_small_{role}_") as tmp, open(Path(tmp) / "log", "w+b") as log:
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, role], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=log, cwd=tmp, env=env)
-        inbox: queue.Queue = queue.Queue()
-
-        def pump():
-            while True:
-                try:
-                    inbox.put(_receive(proc.stdout))
-                except Exception as exc:  # noqa: BLE001 - EOF or garbage: the child is gone
-                    inbox.put(exc)
-                    return
-        threading.Thread(target=pump, daemon=True).start()
-        try:
-            for message in [request, *later]:
-                proc.stdin.write(_frame(message))
-                proc.stdin.flush()
-                reply = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
-                if isinstance(reply, Exception):
-                    raise EOFError
-                replies.append(reply)
-                if "error" in reply:
-                    break
-        except queue.Empty:
-            replies.append({"stage": role, "error": f"{role} did not finish within {SECONDS[role]:.0f} s"})
-        except (EOFError, BrokenPipeError, OSError):
-            proc.wait(timeout=10)
-            replies.append({"stage": role, "error": f"the process running {role} exited (code {proc.returncode}) "
-                                                    "before it answered; its last output is below"})
-        finally:
-            proc.kill()
-            proc.wait()
-            log.seek(max(0, log.seek(0, os.SEEK_END) - 4000))
-            output = log.read().decode(errors="replace")
-    return replies, output
-
-
-def _guard(folders, files, denied) -> None:
-    """An audit hook, for the rest of this process: read (or dlopen) only `files` and files under `folders`
-    (but not under `denied`); no writes, sockets, processes or gc object lists. Its state lives in a closure."""
-    folders, denied = tuple(os.path.join(f, "") for f in folders), tuple(os.path.join(d, "") for d in denied)
-    files = frozenset(files)
-
-    def readable(path) -> bool:
-        real = os.path.realpath(os.fsdecode(path))
-        return real in files or (not real.startswith(denied) and (real + os.sep).startswith(folders))
-
-    def hook(event, args):
-        if event == "open" and args[0] is not None and not isinstance(args[0], int):
-            path, mode, flags = args
-            if (isinstance(flags, int) and flags & _WRITE_FLAGS) or any(c in (mode or "") for c in "wax+"):
-                raise PermissionError(f"the measuring process does not let your code write files ({path})")
-            if not readable(path):
-                raise PermissionError(f"the measuring process does not let your code read {path}")
-        elif event == "ctypes.dlopen" and not (isinstance(args[0], (str, bytes)) and readable(args[0])):
-            raise PermissionError(f"the measuring process does not let your code load the library {args[0]}")
-        elif event.startswith(_BLOCKED):
-            raise PermissionError(f"the measuring process does not let your code do {event}")
-    sys.addaudithook(hook)
-
-
-def _failure(stage: str, exc: BaseException) -> dict:
-    """The error's last line first, then the traceback from the answer's first frame on."""
-    text = "".join(traceback.format_exception(exc)).rstrip().splitlines()
-    start = next((i for i, line in enumerate(text) if "<answer cell>" in line), len(text) - 1)
-    return {"stage": stage, "error": "\n".join(text[-1:] + ["traceback:"] + text[start:-1][-12:])}
-
-
-def _predict(model, images) -> torch.Tensor:
-    with torch.inference_mode():
-        logits = torch.cat([model(images[i:i + 500]) for i in range(0, len(images), 500)])
-    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (len(images), 10):
-        raise ValueError(f"the model must map images [N, 1, 28, 28] to logits [N, 10]; got {tuple(logits.shape)}")
-    return logits.float()
-
-
-def _child() -> None:
-    """A measuring process: python -c _CHILD compress|decompress; frames on stdin/stdout, prints to stderr."""
-    role, start = sys.argv[1], time.monotonic()
-    inbox, outbox = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)                                   # the student's prints go to the log, not the protocol
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    request = _receive(inbox)
-
-    def send(reply: dict) -> None:
-        outbox.write(_frame({**reply, "seconds": time.monotonic() - start}))
-        outbox.flush()
-
-    if role == "compress":
-        model = LeNet300()
-        model.load_state_dict(request["state"])
-    _guard(request["folders"], request["files"], request["denied"])
-    main = sys.modules["__main__"] = types.ModuleType("__main__")   # the student's classes pickle as __main__.X
-    code = request["code"]
-    linecache.cache["<answer cell>"] = (len(code), None, code.splitlines(True), "<answer cell>")   # for tracebacks
-    try:
-        exec(compile(code, "<answer cell>", "exec"), main.__dict__)
-        if not callable(main.__dict__.get(role)):
-            raise NameError(f"the answer cells define no function {role}")
-        function = main.__dict__[role]
-    except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyError included: all are the answer's faults
-        return send(_failure("code", exc))
-    if role == "compress":
-        try:
-            buffer = io.BytesIO()
-            torch.save(function(model.eval()), buffer)
-        except BaseException as exc:  # noqa: BLE001
-            return send(_failure("compress", exc))
-        return send({"artifact": buffer.getvalue()})
-    models = []
-    for _ in range(2):
-        try:
-            artifact = torch.load(io.BytesIO(request["artifact"]), weights_only=True, map_location="cpu")
-            models.append(function(artifact))
-            if not isinstance(models[-1], nn.Module):
-                raise TypeError(f"decompress must return an nn.Module; it returned a {type(models[-1]).__name__}")
-            models[-1].eval()
-        except BaseException as exc:  # noqa: BLE001
-            return send(_failure("decompress", exc))
-    send({"ready": type(models[0]).__name__})
-    images = _receive(inbox)["images"]
-    try:
-        logits = [_predict(m, images) for m in models]
-    except BaseException as exc:  # noqa: BLE001
-        return send(_failure("model", exc))
-    send({"logits": logits[0], "same": torch.equal(logits[0], logits[1])})
+    return {"folders": python_folders(), "files": real(files),
+            "denied": real([cache_dir(), data._resolve_root(root)])}

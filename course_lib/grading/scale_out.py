@@ -1,6 +1,6 @@
 """The practicum "scale it out": the single-process training script that students turn into DDP.
 
-    python -m course_lib.scale_out --out runs/single            # 2 epochs on 512 MNIST images
+    python -m course_lib.grading.scale_out --out runs/single    # 2 epochs on 512 MNIST images
 
 It trains LeNet-300-100 (no dropout) with SGD on the first `--samples` MNIST training images and
 adds Gaussian noise to every input batch (a stand-in for data augmentation, drawn from torch's

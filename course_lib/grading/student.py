@@ -1,4 +1,4 @@
-"""Run a function written in a notebook cell on N processes.
+"""Run a function written in a notebook cell on N processes (notebooks 05 and 09, and the checks of 05).
 
 A spawned process can only import functions that live in a module, so a notebook-defined function
 cannot be passed to `launch`. Instead we send its SOURCE: each worker `exec`s it in a fresh
@@ -6,6 +6,8 @@ namespace that already holds `torch`, `dist` (torch.distributed) and `math`, and
 
 Calling convention: the student's function takes the per-rank arguments only, and asks
 torch.distributed for its rank itself, exactly as code under torchrun does:
+
+    from course_lib.grading.student import launch_student
 
     def my_all_reduce(tensor):                  # in a notebook cell
         rank, n = dist.get_rank(), dist.get_world_size()
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .launch import launch
+from ..distributed.launch import launch
 
 
 def student_source(fn) -> str:
