@@ -78,7 +78,7 @@ def _worker(rank, world_size, backend, port, timeout_s, threads, parent_pid, fn,
     torch.set_num_threads(threads)
     try:
         if backend == "nccl":
-            torch.cuda.set_device(rank)
+            torch.cuda.set_device(rank)    # one machine: the local rank is the rank
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))

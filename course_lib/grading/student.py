@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed.launch import launch
+from ..env import rank_device
 
 
 def student_source(fn) -> str:
@@ -60,8 +61,8 @@ def run_source(rank: int, world_size: int, source: str, name: str, *args):
     memory that vanishes when the worker exits); `launch_student` turns it back into a tensor.
     """
     fn = compile_source(source, name)
-    if dist.get_backend() == "nccl":
-        args = tuple(a.to(torch.device("cuda", rank)) if isinstance(a, torch.Tensor) else a for a in args)
+    device = rank_device()
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
     result = fn(*args)
     return result.detach().cpu().numpy() if isinstance(result, torch.Tensor) else result
 
