@@ -18,6 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .precision import autocast, check_precision, grad_scaler
+from .validate import non_negative_int
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
@@ -156,10 +157,8 @@ def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, opt
     scaler: the GradScaler to use; "16" makes one when None. Pass your own to checkpoint its state
     (the current scale and its growth counter), so a resumed run scales as the interrupted one would.
     """
-    if not isinstance(epochs, int) or epochs < 0:
-        raise ValueError(f"epochs must be a non-negative int; got {epochs!r}")
-    if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
-        raise ValueError(f"skip_batches must be a non-negative int; got {skip_batches!r}")
+    non_negative_int("epochs", epochs)
+    non_negative_int("skip_batches", skip_batches)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     check_precision(precision, device)
     model.to(device)

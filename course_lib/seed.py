@@ -3,7 +3,9 @@
 This is the "before" picture that notebook 01 runs, measures and then fixes. It is kept as the
 seed wrote it (the classic PyTorch tutorial loop), with only what the course needs added around
 it: a `root` for the data, an optional training subset, and a returned History so the three checks
-(no crash, loss falls, validation accuracy rises) can be asserted. What is wrong with it:
+(no crash, loss falls, validation accuracy rises) can be asserted. `seed_train` stays one long
+function on purpose: notebook 01 displays it whole as the tutorial loop the course starts from.
+What is wrong with it:
 
 1. `F.log_softmax(x)` without `dim`: PyTorch guesses the dimension (and warns). For the 2-D
    [N, 10] output here it guesses right (dim=1); for other shapes it silently guesses wrong.

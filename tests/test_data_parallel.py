@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.distributed import data_parallel as dp
+from course_lib.distributed import data_parallel as dp, dp_report
 from course_lib.models import Net
 
 
@@ -149,7 +149,7 @@ def test_bad_batches_are_rejected():
 
 def test_master_traffic_grows_with_k_others_stay_constant():
     x, y = batch(12)
-    rows = dp.traffic_by_k(small_model, x, y, [1, 2, 3, 4, 6])
+    rows = dp_report.traffic_by_k(small_model, x, y, [1, 2, 3, 4, 6])
     master = [r["master_bytes"] for r in rows]
     assert master[0] == 0 and all(a < b for a, b in zip(master, master[1:]))
     others = [r["other_bytes"] for r in rows[1:]]
@@ -167,16 +167,16 @@ def test_report_phases_and_plots():
     assert set(report.phase_times()) == set(dp.PHASES) - {"step"}
     assert all(e.end >= e.start for e in report.events)
     for ideal in (True, False):
-        ax = dp.plot_dp_timeline(report, ideal=ideal)
+        ax = dp_report.plot_dp_timeline(report, ideal=ideal)
         assert len(ax.patches) == len(report.events)
         plt.close("all")
-    dp.plot_traffic(dp.traffic_by_k(small_model, *batch(8), [1, 2]))
+    dp_report.plot_traffic(dp_report.traffic_by_k(small_model, *batch(8), [1, 2]))
     plt.close("all")
 
 
 def test_comparison_table():
-    table = dp.comparison_markdown()
-    assert table.count("\n") == len(dp.COMPARISON) + 1 and "master bottleneck" in table
+    table = dp_report.comparison_markdown()
+    assert table.count("\n") == len(dp_report.COMPARISON) + 1 and "master bottleneck" in table
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the pass-through only happens without GPUs")

@@ -1,4 +1,4 @@
-"""course_lib.compression.pruning against torch.nn.utils.prune, and what pruned models compute."""
+"""course_lib.compression.pruning and .structured against torch.nn.utils.prune, and what pruned models compute."""
 import copy
 import math
 
@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn.utils import prune
 
 from course_lib.compression import pruning as P
+from course_lib.compression import structured as S
 from course_lib.compression.measure import csr_model_bytes
 from course_lib.data import TensorLoader
 from course_lib.models import LeNet5, LeNet300, Net
@@ -93,7 +94,7 @@ def test_global_masks_equal_global_unstructured(amount, make):
 def test_channel_mask_equals_ln_structured(n, shape, dim, make):
     w = make(*shape)
     for amount in (0.0, 0.3, 0.5, 0.75):
-        assert torch.equal(P.channel_mask(w, amount, n, dim), torch_ln(w, amount, n, dim))
+        assert torch.equal(S.channel_mask(w, amount, n, dim), torch_ln(w, amount, n, dim))
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan"), True, "0.5", None])
@@ -103,7 +104,7 @@ def test_bad_amount_is_refused_with_the_allowed_range(bad):
     with pytest.raises(ValueError, match="amount"):
         P.magnitude_prune(LeNet300(), bad)
     with pytest.raises(ValueError, match="amount"):
-        P.prune_structured(LeNet300(), bad)
+        S.prune_structured(LeNet300(), bad)
 
 
 def test_bad_arguments_name_the_argument_and_allowed_values():
@@ -112,13 +113,13 @@ def test_bad_arguments_name_the_argument_and_allowed_values():
     with pytest.raises(ValueError, match=r"layers must name prunable layers.*\['fc1', 'fc2', 'fc3'\]"):
         P.magnitude_prune(LeNet300(), 0.5, layers=["fc1", "conv9"])
     with pytest.raises(ValueError, match=r"dim must be an int in -2\.\.1 "):
-        P.channel_mask(randn(5, 4), 0.5, dim=2)
+        S.channel_mask(randn(5, 4), 0.5, dim=2)
     with pytest.raises(ValueError, match=r"dim must be an int in -4\.\.3 "):
-        P.channel_mask(randn(5, 4, 3, 3), 0.5, dim=-5)
+        S.channel_mask(randn(5, 4, 3, 3), 0.5, dim=-5)
     with pytest.raises(ValueError, match="at least 2 dims"):
-        P.channel_mask(randn(5), 0.5)
+        S.channel_mask(randn(5), 0.5)
     with pytest.raises(ValueError, match="n .* must be a number > 0"):
-        P.channel_mask(randn(5, 4), 0.5, n=0)
+        S.channel_mask(randn(5, 4), 0.5, n=0)
     with pytest.raises(ValueError, match="scope must be one of"):
         P.magnitude_prune(LeNet300(), 0.5, scope="model")
     with pytest.raises(TypeError, match="weight must be a floating-point torch.Tensor"):
@@ -126,11 +127,11 @@ def test_bad_arguments_name_the_argument_and_allowed_values():
     with pytest.raises(ValueError, match="non-decreasing"):
         P.iterative_prune(LeNet300(), [0.9, 0.5], [], [])
     with pytest.raises(ValueError, match="do not connect"):
-        P.prune_structured(LeNet300(), 0.5, layers=["fc1", "fc3"])
+        S.prune_structured(LeNet300(), 0.5, layers=["fc1", "fc3"])
     with pytest.raises(ValueError, match="at least two connected layers"):
-        P.prune_structured(LeNet300(), 0.5, layers=["fc1"])
+        S.prune_structured(LeNet300(), 0.5, layers=["fc1"])
     with pytest.raises(ValueError, match="would remove all 1 units"):
-        P.prune_structured(nn.Sequential(nn.Linear(4, 1), nn.Linear(1, 2)), 0.9)
+        S.prune_structured(nn.Sequential(nn.Linear(4, 1), nn.Linear(1, 2)), 0.9)
 
 
 @pytest.mark.parametrize("scope", P.SCOPES)
@@ -217,14 +218,14 @@ def test_prune_structured_shrinks_layers_and_equals_the_masked_model(make, chain
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))   # biases not all tiny
     original = copy.deepcopy(model.state_dict())
-    small = P.prune_structured(model, 0.5, layers=chain).eval()
+    small = S.prune_structured(model, 0.5, layers=chain).eval()
     for name, shape in shapes.items():
         assert tuple(small.get_submodule(name).weight.shape) == shape
     names = list(P.prunable_layers(model, chain))[:-1]
     x = randn(8, 1, 28, 28, seed=3)
     torch.testing.assert_close(small(x), masked_copy(model, 0.5, names)(x), atol=1e-5, rtol=1e-4)
     assert all(torch.equal(original[k], v) for k, v in model.state_dict().items())   # original untouched
-    kept = P.keep_channels(model.get_submodule(names[0]).weight, 0.5)
+    kept = S.keep_channels(model.get_submodule(names[0]).weight, 0.5)
     assert kept.tolist() == torch_ln(model.get_submodule(names[0]).weight.detach(), 0.5, 2, 0).flatten(1)[:, 0] \
         .nonzero().flatten().tolist()
 

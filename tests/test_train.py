@@ -73,6 +73,8 @@ def test_evaluate_counts_correct_predictions():
 def test_bad_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="epochs"):
         fit(tiny_model(), [], epochs=-1)
+    with pytest.raises(ValueError, match="epochs must be a non-negative int; got True"):
+        fit(tiny_model(), [], epochs=True)
     with pytest.raises(ValueError, match="optimizer must be one of"):
         make_optimizer("rmsprop", tiny_model().parameters(), 0.1)
     with pytest.raises(ValueError, match="lr must be > 0"):

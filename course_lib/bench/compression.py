@@ -20,7 +20,8 @@ import itertools
 
 import torch
 
-from ..compression import int8, measure, pipeline, pruning
+from ..compression import int8, measure, pipeline
+from ..compression.structured import prune_structured
 from ..data import TensorLoader, data_label, mnist_loaders, train_split_size
 from ..env import seed_everything
 from ..models import build_model
@@ -76,7 +77,7 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
     calibration = [x for x, _ in itertools.islice(train_loader, 4)]
     quantized, api = int8.int8_model(fp32, calibration)
     seed_everything(0)
-    structured = pruning.prune_structured(fp32, 0.5)
+    structured = prune_structured(fp32, 0.5)
     pipeline.train(structured, train_loader, 2)
     models = {"fp32": fp32, "int8": quantized, "structured": structured.eval()}
     with threads(1):

@@ -49,7 +49,8 @@ from torch import nn
 
 from ..distributed import schedules
 from ..distributed.launch import launch
-from ..distributed.pipeline import StepResult, device_of_rank, run_schedule, sync
+from ..distributed.pipeline import StepResult, run_schedule, sync
+from ..env import rank_device
 from .result import BenchResult
 
 K = 2
@@ -152,7 +153,7 @@ def pipeline_timing(rank: int, world_size: int, Ms=MS, steps: int = 10, micro_ba
     alone_s the same measured one rank at a time.
     """
     torch.manual_seed(rank)
-    device = device_of_rank()
+    device = rank_device()
     stage = make_stage(work, width, layers, sleep_ms).to(device)
     x = torch.randn(micro_batch, width, device=device, requires_grad=True)   # stage 0: input gradient too
     reps = max(3, steps)

@@ -28,6 +28,16 @@ def expect_close(actual, expected, what: str, atol: float = 1e-6, rtol: float = 
         raise AssertionError(f"{what}: max difference {diff:.3g} is above tolerance. {hint}".strip())
 
 
+def torch_quantized(x: torch.Tensor, scale: float, zero_point: int, qmin: int, qmax: int):
+    """(integer codes as int64, dequantized values): PyTorch's affine quantization of `x` to [qmin, qmax].
+
+    torch.fake_quantize_per_tensor_affine returns only the dequantized values (code - zero_point) * scale;
+    the codes are read back from them (dividing by the scale lands on the integer, which round makes exact).
+    """
+    fake = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, qmin, qmax)
+    return torch.round(fake / scale).to(torch.int64) + zero_point, fake
+
+
 def passed(name: str) -> None:
     """Print the line a learner looks for after a check."""
     print(f"\u2714 {name}: all checks passed")

@@ -8,14 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import expect, expect_close, passed
-
-
-def _reference_int8(x: torch.Tensor, scale: float, zero_point: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 codes, dequantized values) as PyTorch computes them."""
-    fake = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, -128, 127)
-    codes = torch.round(fake / scale).to(torch.int64) + zero_point
-    return codes.to(torch.int8), fake
+from . import expect, expect_close, passed, torch_quantized
 
 
 def _codes(quantize_int8, x, scale, zero_point, case: str) -> torch.Tensor:
@@ -45,7 +38,8 @@ def check_quantize_int8(quantize_int8, dequantize_int8) -> None:
     ]
     for case, x, scale, zp, hint in cases:
         q = _codes(quantize_int8, x, scale, zp, case)
-        ref_q, ref_x = _reference_int8(x, scale, zp)
+        ref_q, ref_x = torch_quantized(x, scale, zp, -128, 127)
+        ref_q = ref_q.to(torch.int8)
         if not torch.equal(q, ref_q):
             i = int((q != ref_q).nonzero()[0])
             raise AssertionError(f"quantize_int8, {case} (scale={scale}, zero_point={zp}): x={x[i].item():.4g} "

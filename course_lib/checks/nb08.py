@@ -54,65 +54,85 @@ def _files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
+def _save_recording_replace(atomic_save, path: Path, state) -> list[tuple[Path, Path]]:
+    """atomic_save(path, state) with os.replace watched: the (src, dst) of every rename it made."""
+    real_replace, replaced = os.replace, []
+
+    def recording_replace(src, dst, *args, **kwargs):
+        replaced.append((Path(src), Path(dst)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    os.replace = recording_replace
+    try:
+        atomic_save(path, state)
+    finally:
+        os.replace = real_replace
+    return replaced
+
+
+def _expect_clean_save(path: Path, state, replaced) -> None:
+    """After a save that did not crash: only the checkpoint is left, it loads back, the rename stayed in its folder."""
+    expect(path.is_file(), f"atomic_save(path, state) did not create {path.name}. Hint: write a temporary "
+           "file, then os.replace(temporary, path).")
+    expect(_files(path.parent) == ["last.pt"], f"after a successful save the folder should hold only last.pt; "
+           f"found {_files(path.parent)}. Did the temporary file get renamed onto the path?")
+    loaded = torch.load(path, weights_only=True)
+    expect(loaded["step"] == state["step"] and torch.equal(loaded["w"], state["w"]), "the saved file does not "
+           "load back as the state that was saved (torch.load(path, weights_only=True))")
+    for src, dst in replaced:
+        expect(src.parent.resolve() == dst.parent.resolve(), f"the temporary file {src} is not in the "
+               "checkpoint's folder: os.replace is only atomic (or even possible) within one file system. "
+               "Hint: tempfile.mkstemp(dir=path.parent).")
+
+
+def _crashing_save(obj, f, *args, **kwargs):
+    """Stands in for torch.save: writes a few bytes to `f`, then fails as a full disk or a lost node would."""
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "wb") as handle:
+            handle.write(b"PARTIAL")
+    else:
+        f.write(b"PARTIAL")
+        f.flush()
+    raise RuntimeError("simulated crash in the middle of torch.save (disk full, node lost)")
+
+
+def _save_with_crash(atomic_save, path: Path, state) -> None:
+    """atomic_save(path, state) while torch.save crashes mid-write; the crash must reach the caller."""
+    real_save = torch.save
+    torch.save = _crashing_save
+    try:
+        atomic_save(path, state)
+    except RuntimeError as exc:
+        expect("simulated crash" in str(exc), f"the save failed with an unexpected error: {exc}")
+    else:
+        raise AssertionError("torch.save raised during atomic_save, but atomic_save returned normally: let "
+                             "the error propagate (after cleaning up) so the caller knows no checkpoint was written")
+    finally:
+        torch.save = real_save
+
+
+def _expect_survived_crash(path: Path, old_step: int) -> None:
+    """After the crash: the old checkpoint is still there, whole, and no temporary file is left."""
+    expect(path.is_file(), "the crash during the write destroyed the old checkpoint: never write to the "
+           "checkpoint path itself, write a temporary file and rename it over the path when complete")
+    try:
+        survivor = torch.load(path, weights_only=True)
+    except Exception:  # noqa: BLE001 - half a file does not unpickle
+        survivor = {"step": None}
+    expect(survivor["step"] == old_step, "after a crash mid-write the checkpoint on disk is not the old one: the "
+           "new state was written in place (a reader would find half a file). Write to a temporary file first.")
+    expect(_files(path.parent) == ["last.pt"], f"after the crash the folder holds {_files(path.parent)}: remove "
+           "the temporary file when the write fails (try/except: unlink, then raise).")
+
+
 def check_atomic_save(atomic_save) -> None:
     """atomic_save(path, state): a crash during the write leaves the old checkpoint and no temp file."""
-    real_save, real_replace = torch.save, os.replace
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        path = folder / "last.pt"
+        path = Path(tmp) / "last.pt"
         old = {"step": 1, "w": torch.ones(3)}
-        replaced = []
-
-        def recording_replace(src, dst, *args, **kwargs):
-            replaced.append((Path(src), Path(dst)))
-            return real_replace(src, dst, *args, **kwargs)
-
-        os.replace = recording_replace
-        try:
-            atomic_save(path, old)
-        finally:
-            os.replace = real_replace
-        expect(path.is_file(), f"atomic_save(path, state) did not create {path.name}. Hint: write a temporary "
-               "file, then os.replace(temporary, path).")
-        expect(_files(folder) == ["last.pt"], f"after a successful save the folder should hold only last.pt; "
-               f"found {_files(folder)}. Did the temporary file get renamed onto the path?")
-        loaded = torch.load(path, weights_only=True)
-        expect(loaded["step"] == 1 and torch.equal(loaded["w"], old["w"]), "the saved file does not load back "
-               "as the state that was saved (torch.load(path, weights_only=True))")
-        for src, dst in replaced:
-            expect(src.parent.resolve() == dst.parent.resolve(), f"the temporary file {src} is not in the "
-                   "checkpoint's folder: os.replace is only atomic (or even possible) within one file system. "
-                   "Hint: tempfile.mkstemp(dir=path.parent).")
-
-        def crashing_save(obj, f, *args, **kwargs):
-            if isinstance(f, (str, os.PathLike)):
-                with open(f, "wb") as handle:
-                    handle.write(b"PARTIAL")
-            else:
-                f.write(b"PARTIAL")
-                f.flush()
-            raise RuntimeError("simulated crash in the middle of torch.save (disk full, node lost)")
-
-        torch.save = crashing_save
-        try:
-            atomic_save(path, {"step": 2, "w": torch.zeros(3)})
-        except RuntimeError as exc:
-            expect("simulated crash" in str(exc), f"the save failed with an unexpected error: {exc}")
-        else:
-            raise AssertionError("torch.save raised during atomic_save, but atomic_save returned normally: let "
-                                 "the error propagate (after cleaning up) so the caller knows no checkpoint was written")
-        finally:
-            torch.save = real_save
-        expect(path.is_file(), "the crash during the write destroyed the old checkpoint: never write to the "
-               "checkpoint path itself, write a temporary file and rename it over the path when complete")
-        try:
-            survivor = torch.load(path, weights_only=True)
-        except Exception:  # noqa: BLE001 - half a file does not unpickle
-            survivor = {"step": None}
-        expect(survivor["step"] == 1, "after a crash mid-write the checkpoint on disk is not the old one: the "
-               "new state was written in place (a reader would find half a file). Write to a temporary file first.")
-        expect(_files(folder) == ["last.pt"], f"after the crash the folder holds {_files(folder)}: remove the "
-               "temporary file when the write fails (try/except: unlink, then raise).")
+        _expect_clean_save(path, old, _save_recording_replace(atomic_save, path, old))
+        _save_with_crash(atomic_save, path, {"step": 2, "w": torch.zeros(3)})
+        _expect_survived_crash(path, old_step=1)
         atomic_save(str(path), {"step": 3, "w": torch.full((3,), 3.0)})
         expect(torch.load(path, weights_only=True)["step"] == 3, "saving over an existing checkpoint (path "
                "given as a str) did not replace it")

@@ -10,7 +10,7 @@ import warnings
 
 import torch
 
-from . import expect, expect_close, passed
+from . import expect, expect_close, passed, torch_quantized
 
 RANGES = [(-128, 127), (0, 255), (-8, 7), (0, 15)]
 QTYPES = {(-128, 127): torch.qint8, (0, 255): torch.quint8}
@@ -26,12 +26,6 @@ def _grid_cases(scale: float, seed: int = 0) -> torch.Tensor:
     return torch.cat(cases + ([halves] if scale == 2.0 ** round(torch.tensor(scale).log2().item()) else []))
 
 
-def _reference_q(x, scale, zero_point, qmin, qmax) -> torch.Tensor:
-    """PyTorch's integers, read back from its fake-quantized values."""
-    fq = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, qmin, qmax)
-    return (torch.round(fq / scale) + zero_point).to(torch.int64)
-
-
 def check_linear_quantize(linear_quantize, linear_dequantize) -> None:
     """`linear_quantize(x, scale, zero_point, qmin, qmax)` -> integer tensor and
     `linear_dequantize(q, scale, zero_point)` -> float tensor, equal to PyTorch's."""
@@ -44,7 +38,7 @@ def check_linear_quantize(linear_quantize, linear_dequantize) -> None:
                    f"linear_quantize must return a tensor of x's shape {tuple(x.shape)}")
             expect(not q.is_floating_point(), f"linear_quantize returned {q.dtype}: quantized values are "
                    "integers. Hint: finish with .to(torch.int32) (or int64).")
-            ref = _reference_q(x, scale, zero_point, qmin, qmax)
+            ref, fq = torch_quantized(x, scale, zero_point, qmin, qmax)
             q = q.to(torch.int64)
             expect(q.min() >= qmin and q.max() <= qmax,
                    f"qmin={qmin}, qmax={qmax}: got integers from {q.min().item()} to {q.max().item()}. Values "
@@ -65,7 +59,6 @@ def check_linear_quantize(linear_quantize, linear_dequantize) -> None:
                     warnings.simplefilter("ignore")
                     theirs = torch.quantize_per_tensor(x, scale, zero_point, QTYPES[qmin, qmax]).int_repr()
                 expect(torch.equal(q, theirs.to(torch.int64)), "linear_quantize differs from torch.quantize_per_tensor")
-            fq = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, qmin, qmax)
             expect_close(linear_dequantize(ref, scale, zero_point), fq, f"linear_dequantize (scale={scale}, "
                          f"zero_point={zero_point})", atol=1e-5, rtol=1e-6,
                          hint="x_hat = (q - zero_point) * scale, as a float tensor.")

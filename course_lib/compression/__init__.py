@@ -1,6 +1,7 @@
 """Making the model small (lectures 12-15), one module per technique:
 
-- `pruning`: remove the weights, or whole neurons and channels, that matter least.
+- `pruning`: remove the weights that matter least; retrain with the masks held; run sparse.
+- `structured`: remove whole neurons and channels: a physically smaller dense model.
 - `quantization`: observers, fake-quant with a straight-through estimator, PTQ and QAT; its
   quantize/dequantize/choose_qparams are lecture 02's (`course_lib.numerics`), re-exported.
 - `int8`: int8 inference through PyTorch's own APIs, feature-detected.

@@ -7,6 +7,7 @@
 - `costmodel`: the alpha-beta cost model of all-reduce: predict, measure, fit, "what if?".
 - `paramserver`: a parameter server, the other way to combine gradients, against ring all-reduce.
 - `data_parallel`: nn.DataParallel's single-process sequence, simulated; why the master is a bottleneck.
+- `dp_report`: what that sequence costs: traffic against K, its timeline, DP vs DDP vs model parallel.
 - `ddp`: distributed data parallel from scratch (flat, bucketed), checked against torch's DDP.
 - `multinode`: multi-node training with torchrun, run for real as N "nodes" on localhost.
 - `faults`: kill a rank on purpose, to watch a job survive it.

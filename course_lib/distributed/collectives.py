@@ -16,6 +16,9 @@ Three all-reduces, same result, different traffic (see `count_traffic`):
     with count_traffic() as t:
         all_reduce_ring(x)
     t.bytes_sent  # {(src, dst): bytes} sent by this rank
+
+The collectives, their traffic counting and their `launch` workers stay in one module (over 300 lines)
+because notebook 05 uses them together, as one namespace (`from course_lib.distributed import collectives as C`).
 """
 from __future__ import annotations
 

@@ -22,6 +22,8 @@ Gradients equal those of one device with the whole batch, *if* the model behaves
 dropout draws different masks per replica (disable it, or compare in eval mode), and BatchNorm in
 training mode normalises each chunk with that chunk's statistics (use eval mode, or DDP's SyncBatchNorm).
 As in real DP, buffer updates made on device 0 (BatchNorm running stats) are kept; the others are lost.
+
+`dp_report` runs this step for several K and draws what it recorded: traffic, timeline, DP vs DDP.
 """
 from __future__ import annotations
 
@@ -165,6 +167,54 @@ class DPReport:
         return out
 
 
+class _StepLog:
+    """The bookkeeping of one dp_step: the bytes every device sends and receives, and when each phase ran."""
+
+    def __init__(self, k: int, threads: bool):
+        self.sent, self.received, self.events = [0] * k, [0] * k, []
+        self.threads, self.t0 = threads, time.perf_counter()
+
+    def send(self, tensor: torch.Tensor, src: int, dst: int) -> torch.Tensor:
+        """Move `tensor` from device src to dst: a copy whose bytes are counted (no copy when src == dst)."""
+        if src == dst:
+            return tensor
+        nbytes = tensor.numel() * tensor.element_size()
+        self.sent[src] += nbytes
+        self.received[dst] += nbytes
+        return tensor.detach().clone().requires_grad_(tensor.requires_grad)
+
+    def timed(self, phase: str, device: int, fn):
+        """fn(), recorded as `phase` on `device`."""
+        start = time.perf_counter()
+        result = fn()
+        self.events.append(Event(phase, device, start - self.t0, time.perf_counter() - self.t0))
+        return result
+
+    def parallel(self, phase: str, calls) -> list:
+        """calls[d]() on device d, for every d at once (one thread each if threads=True), recorded as `phase`."""
+        results, spans = _run(calls, self.threads)
+        self.events.extend(Event(phase, d, s - self.t0, e - self.t0) for d, (s, e) in enumerate(spans))
+        return results
+
+
+def _send_replicas(log: _StepLog, model: nn.Module, used: int) -> list[nn.Module]:
+    """`replicate`, counting the master's parameters and buffers as sent to each of the other devices."""
+    replicas = replicate(model, used)
+    for d in range(1, used):
+        for t in list(model.parameters()) + list(model.buffers()):
+            log.send(t.detach(), MASTER, d)
+    return replicas
+
+
+def _receive_and_reduce(log: _StepLog, replicas, model: nn.Module) -> None:
+    """`reduce_gradients`, counting every other replica's gradients as received by the master."""
+    for d in range(1, len(replicas)):
+        for p in replicas[d].parameters():
+            if p.grad is not None:
+                log.send(p.grad, d, MASTER)
+    reduce_gradients(replicas, model)
+
+
 def dp_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, k: int, loss_fn=F.cross_entropy,
             optimizer: torch.optim.Optimizer | None = None, threads: bool = False) -> DPReport:
     """One DataParallel training step of `model` (the master) on x [N, ...], y [N] over k simulated devices.
@@ -175,61 +225,28 @@ def dp_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, k: int, loss_fn=
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or len(x) != len(y) or len(x) == 0:
         raise ValueError(f"x and y must be tensors with the same, non-zero number of rows; got "
                          f"{_describe(x)} and {_describe(y)}")
-    t0 = time.perf_counter()
-    sent, received, events = [0] * k, [0] * k, []
-
-    def send(tensor: torch.Tensor, src: int, dst: int) -> torch.Tensor:
-        if src == dst:
-            return tensor
-        nbytes = tensor.numel() * tensor.element_size()
-        sent[src] += nbytes
-        received[dst] += nbytes
-        return tensor.detach().clone().requires_grad_(tensor.requires_grad)
-
-    def timed(phase, device, fn):
-        start = time.perf_counter()
-        result = fn()
-        events.append(Event(phase, device, start - t0, time.perf_counter() - t0))
-        return result
-
-    def timed_parallel(phase, calls):
-        results, spans = _run(calls, threads)
-        events.extend(Event(phase, d, s - t0, e - t0) for d, (s, e) in enumerate(spans))
-        return results
-
-    chunks = timed("scatter", MASTER, lambda: [send(c, MASTER, d) for d, c in enumerate(scatter(x, k))])
+    log = _StepLog(k, threads)
+    chunks = log.timed("scatter", MASTER, lambda: [log.send(c, MASTER, d) for d, c in enumerate(scatter(x, k))])
     used = len(chunks)  # torch.chunk may give fewer than k chunks: those devices sit idle, as in nn.DataParallel
+    replicas = log.timed("replicate", MASTER, lambda: _send_replicas(log, model, used))
 
-    def copy_model():
-        replicas = replicate(model, used)
-        for d in range(1, used):
-            for t in list(model.parameters()) + list(model.buffers()):
-                send(t.detach(), MASTER, d)
-        return replicas
-    replicas = timed("replicate", MASTER, copy_model)
-
-    outputs = timed_parallel("forward", [lambda r=r, c=c: r(c) for r, c in zip(replicas, chunks)])
+    outputs = log.parallel("forward", [lambda r=r, c=c: r(c) for r, c in zip(replicas, chunks)])
     for src, dst in zip(replicas[0].buffers(), model.buffers()):  # device 0's buffer updates persist (as in DP)
         dst.data.copy_(src.data)
 
-    gathered = timed("gather", MASTER, lambda: torch.cat([send(o.detach(), d, MASTER) for d, o in enumerate(outputs)])
-                     .requires_grad_())
-    loss = timed("loss", MASTER, lambda: loss_fn(gathered, y))
-    grad_out = timed("loss", MASTER, lambda: torch.autograd.grad(loss, gathered)[0])
-    grad_chunks = timed("grad_scatter", MASTER,
-                        lambda: [send(g, MASTER, d) for d, g in enumerate(grad_out.split([len(o) for o in outputs]))])
-    timed_parallel("backward", [lambda o=o, g=g: o.backward(g) for o, g in zip(outputs, grad_chunks)])
+    gathered = log.timed("gather", MASTER, lambda: torch.cat([log.send(o.detach(), d, MASTER)
+                                                              for d, o in enumerate(outputs)]).requires_grad_())
+    loss = log.timed("loss", MASTER, lambda: loss_fn(gathered, y))
+    grad_out = log.timed("loss", MASTER, lambda: torch.autograd.grad(loss, gathered)[0])
+    sizes = [len(o) for o in outputs]
+    grad_chunks = log.timed("grad_scatter", MASTER,
+                            lambda: [log.send(g, MASTER, d) for d, g in enumerate(grad_out.split(sizes))])
+    log.parallel("backward", [lambda o=o, g=g: o.backward(g) for o, g in zip(outputs, grad_chunks)])
 
-    def reduce():
-        for d in range(1, used):
-            for p in replicas[d].parameters():
-                if p.grad is not None:
-                    send(p.grad, d, MASTER)
-        reduce_gradients(replicas, model)
-    timed("reduce", MASTER, reduce)
+    log.timed("reduce", MASTER, lambda: _receive_and_reduce(log, replicas, model))
     if optimizer is not None:
-        timed("step", MASTER, optimizer.step)
-    return DPReport(k=k, loss=loss.item(), events=events, sent=sent, received=received)
+        log.timed("step", MASTER, optimizer.step)
+    return DPReport(k=k, loss=loss.item(), events=log.events, sent=log.sent, received=log.received)
 
 
 def reference_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn=F.cross_entropy) -> list[torch.Tensor]:
@@ -243,58 +260,6 @@ def reference_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn=
 def max_grad_difference(model: nn.Module, grads: list[torch.Tensor]) -> float:
     """Largest |model.grad - grads| over all parameters (the course's equivalence measure)."""
     return max_diff([p.grad for p in model.parameters()], grads)
-
-
-def traffic_by_k(make_model, x: torch.Tensor, y: torch.Tensor, ks) -> list[dict]:
-    """Run one dp_step per k on a fresh `make_model()`; bytes through the master and through device 1."""
-    rows = []
-    for k in ks:
-        report = dp_step(make_model(), x, y, k)
-        rows.append({"k": k, "master_bytes": report.traffic(MASTER),
-                     "other_bytes": report.traffic(1) if report.k > 1 else 0})
-    return rows
-
-
-def plot_traffic(rows, ax=None):
-    """Bytes per step through the master and through one other device, against k."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.gca()
-    ks = [r["k"] for r in rows]
-    ax.plot(ks, [r["master_bytes"] / 1e6 for r in rows], "o-", label="master (device 0)")
-    ax.plot(ks, [r["other_bytes"] / 1e6 for r in rows], "s--", label="device 1 (any non-master)")
-    ax.set(xlabel="devices K", ylabel="MB sent + received per step", title="DataParallel traffic per device")
-    ax.legend()
-    return ax
-
-
-def plot_dp_timeline(report: DPReport, ax=None, ideal: bool = True):
-    """One lane per device, one bar per phase.
-
-    ideal=True lays the measured durations out as K real devices would run them: the replicas'
-    forward/backward side by side, every master-only phase on lane 0 while the others wait.
-    ideal=False draws the measured start times (sequential on a CPU unless threads=True).
-    """
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.gca()
-    colors = dict(zip(PHASES, plt.cm.tab10.colors))
-    clock = 0.0
-    for phase in PHASES:
-        evs = [e for e in report.events if e.phase == phase]
-        if not evs:
-            continue
-        first = {e.device: min(v.start for v in evs if v.device == e.device) for e in evs}
-        starts = [clock + e.start - first[e.device] if ideal else e.start for e in evs]
-        for n, (e, start) in enumerate(zip(evs, starts)):
-            ax.barh(e.device, e.end - e.start, left=start, color=colors[phase],
-                    label=phase if n == 0 else None, edgecolor="black", linewidth=0.3)
-        clock = max(s + e.end - e.start for e, s in zip(evs, starts))
-    ax.set(xlabel="seconds", ylabel="device", yticks=range(report.k),
-           title=f"DataParallel step, K={report.k} ({'ideal parallel' if ideal else 'measured'} schedule)")
-    ax.invert_yaxis()
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
-    return ax
 
 
 def torch_data_parallel_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, k: int,
@@ -318,35 +283,6 @@ def assert_matches_torch_dp(model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
     gap = max_grad_difference(ours, theirs)
     assert gap < atol, f"our DataParallel gradients differ from nn.DataParallel's by {gap:.3g} (atol {atol})"
     return gap
-
-
-COMPARISON = [
-    {"": "processes", "DataParallel (DP)": "1 (one thread per GPU)", "DistributedDataParallel (DDP)": "1 per GPU",
-     "model parallel (MP)": "1 (or 1 per stage)"},
-    {"": "replicated", "DataParallel (DP)": "whole model, re-copied every step",
-     "DistributedDataParallel (DDP)": "whole model, copied once at start", "model parallel (MP)": "nothing: layers are split"},
-    {"": "split", "DataParallel (DP)": "the batch", "DistributedDataParallel (DDP)": "the batch (DistributedSampler)",
-     "model parallel (MP)": "the model (layers or tensors)"},
-    {"": "communicated per step", "DataParallel (DP)": "inputs, weights, outputs, output grads, weight grads",
-     "DistributedDataParallel (DDP)": "gradients only (all-reduce, overlapped with backward)",
-     "model parallel (MP)": "activations forward, their grads backward"},
-    {"": "master bottleneck", "DataParallel (DP)": "yes: device 0 sends/receives K-1 copies",
-     "DistributedDataParallel (DDP)": "no: ring all-reduce, 2(K-1)/K per rank", "model parallel (MP)": "no (but pipeline bubbles)"},
-    {"": "Python GIL", "DataParallel (DP)": "shared by all devices", "DistributedDataParallel (DDP)": "one per process",
-     "model parallel (MP)": "shared if one process"},
-    {"": "multi-node", "DataParallel (DP)": "no", "DistributedDataParallel (DDP)": "yes",
-     "model parallel (MP)": "yes (with RPC / pipelines)"},
-    {"": "use when", "DataParallel (DP)": "never for new code (PyTorch recommends DDP)",
-     "DistributedDataParallel (DDP)": "the model fits on one GPU", "model parallel (MP)": "the model does not fit on one GPU"},
-]
-
-
-def comparison_markdown() -> str:
-    """COMPARISON as a markdown table (display it with IPython.display.Markdown)."""
-    cols = list(COMPARISON[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(row[c] for c in cols) + " |" for row in COMPARISON]
-    return "\n".join(lines)
 
 
 def _describe(value) -> str:

@@ -35,9 +35,6 @@ from ..models import max_diff
 from ..validate import positive_int
 from . import schedules
 
-# TODO(restructure): course_lib.bench.pipeline still imports this name; switch it to env.rank_device, then delete.
-device_of_rank = rank_device
-
 
 def make_mlp(width: int = 32, blocks: int = 4, in_features: int = 20, classes: int = 5, seed: int = 0) -> nn.Sequential:
     """A Sequential of `blocks` (Linear, Tanh) blocks and a Linear head, seeded: same weights on every rank."""
@@ -91,6 +88,21 @@ class StepResult:
     peak_in_flight: int = 0
 
 
+def _post_recv(stage_order: list, i: int, shapes: list, device: torch.device):
+    """irecv the input of op i: an activation from rank-1 (F) or a gradient from rank+1 (B).
+
+    Returns (work, buffer), or None when there is no op i or no such rank (rank 0's F, the last rank's B).
+    """
+    if i >= len(stage_order):
+        return None
+    rank, K = dist.get_rank(), dist.get_world_size()
+    peer, shape = (rank - 1, shapes[rank]) if stage_order[i][0] == "F" else (rank + 1, shapes[rank + 1])
+    if not 0 <= peer < K:
+        return None
+    buffer = torch.empty(shape, device=device)
+    return dist.irecv(buffer, peer), buffer
+
+
 def run_schedule(stage: nn.Module, stage_order: list, x_micro: list, y_micro: list, shapes: list, loss_fn,
                  clock0: float = 0.0) -> StepResult:
     """Run one pipelined forward+backward of `stage` on this rank; gradients accumulate in `stage`.
@@ -107,23 +119,13 @@ def run_schedule(stage: nn.Module, stage_order: list, x_micro: list, y_micro: li
     rank, K = dist.get_rank(), dist.get_world_size()
     device = next(stage.parameters()).device
     M = len(x_micro)
-    inputs, outputs, pending, recvs, result = {}, {}, [], {}, StepResult()
-
-    def post_recv(i: int) -> None:
-        """irecv the input of op i: an activation from rank-1 (F) or a gradient from rank+1 (B)."""
-        if i >= len(stage_order):
-            return
-        peer, shape = (rank - 1, shapes[rank]) if stage_order[i][0] == "F" else (rank + 1, shapes[rank + 1])
-        if 0 <= peer < K:
-            buffer = torch.empty(shape, device=device)
-            recvs[i] = (dist.irecv(buffer, peer), buffer)
-
-    post_recv(0)
+    inputs, outputs, pending, result = {}, {}, [], StepResult()
+    recvs = {0: _post_recv(stage_order, 0, shapes, device)}
     for i, (kind, m) in enumerate(stage_order):
-        post_recv(i + 1)            # same-peer messages match in posting order, so op i's comes first
-        received = None
-        if i in recvs:
-            work, received = recvs.pop(i)
+        # same-peer messages match in posting order, so op i's input arrives before op i+1's
+        recvs[i + 1] = _post_recv(stage_order, i + 1, shapes, device)
+        work, received = recvs.pop(i) or (None, None)
+        if work is not None:
             work.wait()
         if kind == "F":
             x = x_micro[m] if rank == 0 else received.requires_grad_()
