@@ -188,7 +188,7 @@ def _train(args, strategy, on_step_end=None) -> dict:
     history = fit(strategy.wrap(model), train_loader, test_loader, epochs=max(args.epochs - start, 0),
                   optimizer=optimizer, device=device, scheduler=scheduler, log=log,
                   progress=not args.no_progress and info.is_main, start_epoch=start, skip_batches=skip,
-                  on_step_end=step_end, on_epoch_end=ckpt and ckpt.on_epoch_end,
+                  on_step_end=step_end, on_epoch_end=ckpt.on_epoch_end if ckpt else None,
                   precision=args.precision, scaler=scaler)
     test_loss, test_acc = evaluate(model, test_loader, device)
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
