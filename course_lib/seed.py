@@ -62,7 +62,7 @@ def seed_train(root=None, epochs=2, batch_size=4, lr=0.001, momentum=0.9, num_wo
                train_subset=None, log_every=2000, test_batch_size=1000, log=print) -> History:
     """Train a fresh SeedNet the seed's way; evaluate on the test split after every epoch.
 
-    root: MNIST folder (None: $COURSE_DATA_DIR, else data/). train_subset: use the first N
+    root: MNIST folder (None: `data.data_root()`). train_subset: use the first N
     training images. log_every: print the running loss every that many mini-batches (as the
     tutorial does). Returns a History (per-epoch train loss, test loss and accuracy, images/s;
     `.model` holds the trained SeedNet). images/s counts the training loop only, data loading

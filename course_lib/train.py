@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=_positive(float), default=5e-3, help="peak learning rate (one-cycle schedule)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     p.add_argument("--device", default="auto", help=f"one of {DEVICE_CHOICES} or cuda:N")
-    p.add_argument("--data-dir", default=None, help="MNIST root (default: $COURSE_DATA_DIR, else data/)")
+    p.add_argument("--data-dir", default=None, help="MNIST root (default: $COURSE_DATA_DIR, else ~/.cache/course_lib/data)")
     p.add_argument("--train-subset", type=_positive(int), default=None, help="use the first N training images")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-dir", default=None, help="write DIR/last.pt atomically after every epoch")

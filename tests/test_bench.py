@@ -95,3 +95,32 @@ def test_cpu_mnist_benchmark_quick_as_a_subprocess():
     assert 0.5 < summary["test_accuracy"] <= 1 and 0 <= summary["baseline_test_accuracy"] <= 1
     assert summary["train_seconds"] > 0 and summary["baseline_train_seconds"] > 0
     assert summary["data"].startswith("1,000 training images (subset of")
+
+
+def _notebook(path, *sources):
+    import nbformat
+
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources]), str(path))
+
+
+@needs_mnist
+def test_lectures_clock_times_each_notebook_in_its_own_folder_and_reports_failures(tmp_path):
+    from course_lib.bench import lectures
+
+    _notebook(tmp_path / "00_fine.ipynb", "import os, pathlib", "print(os.environ['COURSE_QUICK'], pathlib.Path.cwd())")
+    _notebook(tmp_path / "01_broken.ipynb", "raise ValueError('boom')")
+    _notebook(tmp_path / "not_a_lecture.ipynb", "raise SystemExit")
+    result = lectures.time_lectures(tmp_path, quick=True)
+    summary = result.summary
+    assert set(summary["seconds"]) == {"00_fine", "01_broken"} and summary["mode"] == "quick"
+    assert summary["max_seconds"] == max(summary["seconds"].values()) > 0
+    assert list(summary["failed"]) == ["01_broken"] and "boom" in summary["failed"]["01_broken"]
+    assert summary["data_train_images"] > 0 and "training images" in summary["data"]
+    assert [r["status"] for r in result.rows] == ["ok", "failed"]
+
+
+def test_lectures_clock_without_notebooks_says_where_it_looked(tmp_path):
+    from course_lib.bench import lectures
+
+    with pytest.raises(ValueError, match="no lecture notebooks"):
+        lectures.time_lectures(tmp_path)

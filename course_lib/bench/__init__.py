@@ -3,6 +3,7 @@
     python -m course_lib.bench cpu-mnist          # course_lib's default training vs the seed's loop
     python -m course_lib.bench loader --json      # TensorLoader vs DataLoader; last line is JSON
     python -m course_lib.bench loader --quick     # fewer samples (what the tests run)
+    python -m course_lib.bench lectures --data-dir ../shared/data-full   # the classroom clock, per lecture
 
 Ratios, never absolute times, are the result: both sides run on the same machine in the same
 process, so a slow or busy laptop changes both.
@@ -44,6 +45,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "sharding": Benchmark(".sharding", "per-rank optimizer state under ZeRO-1 and parameters under FSDP2, 2 ranks"),
     "precision": Benchmark(".precision", "bf16 autocast training of Net vs fp32: accuracy and speed"),
     "compression": Benchmark(".compression", "Deep Compression, int8 inference and structured pruning vs fp32"),
+    "lectures": Benchmark(".lectures", "every lecture notebook top to bottom in a fresh kernel: seconds each (slot 120 s)"),
 }
 
 

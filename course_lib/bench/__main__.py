@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m course_lib.bench", description=PACKAGE_DOC.split("\n\n")[0],
                                 epilog="benchmarks:\n" + listing, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", help=f"which benchmark: {', '.join(sorted(BENCHMARKS))}")
-    p.add_argument("--data-dir", default=None, help="MNIST root (default: $COURSE_DATA_DIR, else data/)")
+    p.add_argument("--data-dir", default=None, help="MNIST root (default: $COURSE_DATA_DIR, else ~/.cache/course_lib/data)")
     p.add_argument("--quick", action="store_true", help="fewer samples and epochs (for tests)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     return p
