@@ -1,9 +1,29 @@
 import os
+import struct
+from pathlib import Path
 
 import pytest
+import torch
 
 from course_lib.data import find_mnist
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 needs_mnist = pytest.mark.skipif(not find_mnist().ok, reason="MNIST not found: set COURSE_DATA_DIR")
+
+
+def write_idx(path: Path, array: torch.Tensor) -> None:
+    """Write `array` (uint8 images [N,28,28] or labels [N]) as an MNIST IDX file."""
+    magic = {3: 2051, 1: 2049}[array.dim()]
+    path.write_bytes(struct.pack(">i", magic) + b"".join(struct.pack(">i", d) for d in array.shape)
+                     + array.to(torch.uint8).numpy().tobytes())
+
+
+def fake_mnist(folder: Path, train_labels: torch.Tensor, n_test: int = 16) -> Path:
+    """An MNIST folder (MNIST/raw/*-ubyte) with blank images and the given training labels."""
+    raw = folder / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for split, labels in (("train", train_labels), ("t10k", torch.arange(n_test) % 10)):
+        write_idx(raw / f"{split}-images-idx3-ubyte", torch.zeros(len(labels), 28, 28))
+        write_idx(raw / f"{split}-labels-idx1-ubyte", labels)
+    return folder

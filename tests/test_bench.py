@@ -8,23 +8,35 @@ import sys
 import types
 
 import pytest
+import torch
 
-from conftest import needs_mnist
+from conftest import fake_mnist, needs_mnist
 from course_lib import bench
-from course_lib.data import data_label
+from course_lib.data import MNIST_TRAIN_CLASS_COUNTS, data_label
 
 
 def test_unknown_benchmark_names_the_available_ones(capsys):
-    with pytest.raises(ValueError, match="available: allreduce, compression, cpu-mnist, ddp, loader, pipeline, precision, sharding"):
+    with pytest.raises(ValueError, match="available: allreduce, compression, cpu-mnist, ddp, lectures, loader, pipeline, precision, sharding"):
         bench.run_benchmark("nope")
     assert bench.main(["nope"]) == 2
     assert "unknown benchmark 'nope'" in capsys.readouterr().err
 
 
-def test_data_label_and_table():
-    assert data_label(5000, 5000) == "5,000 training images (offline stand-in)"
-    assert data_label(60000, 60000) == "60,000 training images (full MNIST)"
-    assert "subset of the offline stand-in" in data_label(1000, 5000)
+def test_data_label_names_the_set_by_its_digit_counts_not_its_size(tmp_path):
+    mnist = torch.repeat_interleave(torch.arange(10), torch.tensor(MNIST_TRAIN_CLASS_COUNTS))
+    sets = {"real": mnist, "5k": torch.arange(5000) % 10, "60k": torch.arange(60000) % 10,
+            "odd": torch.arange(60000) % 7}
+    roots = {name: fake_mnist(tmp_path / name, labels) for name, labels in sets.items()}
+    assert data_label(60000, 60000, roots["real"]) == "60,000 training images (full MNIST)"
+    assert data_label(5000, 5000, roots["5k"]) == "5,000 training images (offline 5k stand-in)"
+    shifted = data_label(60000, 60000, roots["60k"])
+    assert "full MNIST" not in shifted and "not accuracy" in shifted      # same size as MNIST, not MNIST
+    assert data_label(1000, 60000, roots["odd"]) == ("1,000 of the 60,000 training images "
+                                                     "(an MNIST-format set, not MNIST (its digit counts differ))")
+    assert data_label(1000, 5000, roots["5k"]) == "1,000 of the 5,000 training images (offline 5k stand-in)"
+
+
+def test_format_table():
     table = bench.format_table([{"a": 1, "bb": "x"}, {"a": 12345, "bb": "yy"}])
     assert table.splitlines()[0].split() == ["a", "bb"] and "12,345" in table
 

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 import torch
 
-from conftest import needs_mnist
+from conftest import needs_mnist, write_idx
 from course_lib.checks import practicum_make_it_small as pm
 from course_lib.grading import grade, sandbox
 from course_lib.grading import make_it_small as mis
@@ -178,12 +178,6 @@ def test_answer_source_is_the_code_of_the_cells_that_define_the_functions():
     assert result.stage == "code" and "plain functions" in result.error
     with pytest.raises(AssertionError, match="failed at code"):
         pm.check_round_trip(result)
-
-
-def write_idx(path: Path, array: torch.Tensor) -> None:
-    magic = {3: 2051, 1: 2049}[array.dim()]
-    path.write_bytes(struct.pack(">i", magic) + b"".join(struct.pack(">i", d) for d in array.shape)
-                     + array.to(torch.uint8).numpy().tobytes())
 
 
 def tiny_mnist(folder: Path, seed: int) -> Path:

@@ -63,7 +63,7 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
     train_loader, test_loader = mnist_loaders(64, data_dir, QUICK_TRAIN if quick else None)
     if quick:
         test_loader = TensorLoader(*(t[:QUICK_TEST] for t in test_loader.tensors), batch_size=1000, shuffle=False)
-    data = data_label(train_loader.dataset_size, train_split_size(data_dir))
+    data = data_label(train_loader.dataset_size, train_split_size(data_dir), data_dir)
     dense, results = {}, {}
     for name in ("lenet300", "lenet5"):
         dense[name], results[name] = _compress(name, train_loader, test_loader, quick)

@@ -49,7 +49,7 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
         "images_per_second": ours["images_per_second"],
         "baseline_images_per_second": round(base_rate, 1),
         "epochs": ours["epochs_run"], "baseline_epochs": seed_epochs,
-        "data": data_label(n_used, n_split),
+        "data": data_label(n_used, n_split, data_dir),
         "device": ours["device"], "torch_threads": torch.get_num_threads(), "quick": quick,
     }
     return BenchResult(f"cpu-mnist on {summary['data']}", rows, summary)

@@ -97,7 +97,7 @@ def time_lectures(folder, data_dir=None, quick: bool = False) -> BenchResult:
     summary = {"benchmark": "lectures", "mode": "quick" if quick else "normal", "seconds": seconds,
                "max_seconds": seconds[slowest], "slowest": slowest, "total_seconds": round(sum(seconds.values()), 1),
                "slot_seconds": SLOT_SECONDS, "failed": failed, "data_train_images": n_split,
-               "data": data_label(n_split, n_split), "cpu_count": os.cpu_count(),
+               "data": data_label(n_split, n_split, data_dir), "cpu_count": os.cpu_count(),
                "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None}
     title = (f"lectures in {summary['mode']} mode on {summary['data']}: slowest {slowest} "
              f"{seconds[slowest]:.0f} s (slot {SLOT_SECONDS} s in normal mode)")

@@ -53,7 +53,7 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
         "workers2_steps_per_second": round(rate[("DataLoader", 2)], 1),
         "tensor_load_seconds": round(load_seconds, 3),
         "batch_size": batch_size,
-        "data": data_label(len(x), train_split_size(data_dir)),
+        "data": data_label(len(x), train_split_size(data_dir), data_dir),
         "quick": quick,
     }
     return BenchResult(f"loader on {summary['data']} (TensorLoader's one-time load: {load_seconds:.2f} s, "

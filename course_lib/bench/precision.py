@@ -54,7 +54,7 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
         "bf16_saved_activation_ratio": round(rows[1]["saved activations KB (batch 64)"]
                                              / rows[0]["saved activations KB (batch 64)"], 3),
         "epochs": fp32["epochs_run"], "seed": fp32["seed"],
-        "data": data_label(fp32["train_samples"], train_split_size(data_dir)),
+        "data": data_label(fp32["train_samples"], train_split_size(data_dir), data_dir),
         "device": fp32["device"], "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_threads": torch.get_num_threads(), "quick": quick,
     }
