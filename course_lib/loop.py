@@ -9,6 +9,7 @@ own loop on purpose, to show the step they teach.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -111,9 +112,11 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
         n_batches = max(len(loader) - skip_batches, 0)
     except TypeError:
         n_batches = None
-    # Pass `disable` only to switch the bar off: an explicit value would override TQDM_DISABLE.
+    # tqdm.auto is tqdm.notebook in a kernel, which ignores TQDM_DISABLE: read it here, so CI and
+    # `bench lectures` (which set it) draw no bars, and pass `disable` only to switch a bar off.
+    off = not progress or os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
     for i, (x, y) in enumerate(tqdm(batches, desc=desc, leave=False, total=n_batches,
-                                    **({} if progress else {"disable": True})), start=skip_batches + 1):
+                                    **({"disable": True} if off else {})), start=skip_batches + 1):
         x, y = _to((x, y), device)
         optimizer.zero_grad(set_to_none=True)
         with autocast(precision, device):

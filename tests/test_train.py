@@ -224,3 +224,20 @@ def test_cli_says_when_the_checkpoint_folder_cannot_be_created(tmp_path):
     out = cli("--epochs", "1", "--train-subset", "64", "--no-progress", "--checkpoint-dir", str(blocker / "run"))
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "cannot be created" in out.stderr and str(blocker / "run") in out.stderr
+
+
+@pytest.mark.parametrize("env,progress,disabled", [("1", True, True), ("", True, False), ("", False, True)])
+def test_progress_bars_follow_tqdm_disable_even_in_a_notebook(monkeypatch, env, progress, disabled):
+    """tqdm.auto is tqdm.notebook in a kernel, and that ignores TQDM_DISABLE: train_epoch reads it itself."""
+    seen = []
+
+    def fake_tqdm(iterable, **kwargs):
+        seen.append(kwargs.get("disable", False))
+        return iterable
+
+    monkeypatch.setattr(loop, "tqdm", fake_tqdm)
+    monkeypatch.setenv("TQDM_DISABLE", env)
+    model = torch.nn.Linear(4, 2)
+    batches = [(torch.randn(3, 4), torch.tensor([0, 1, 0]))]
+    loop.train_epoch(model, batches, torch.optim.SGD(model.parameters(), lr=0.1), "cpu", progress=progress)
+    assert seen == [disabled]
