@@ -1,5 +1,5 @@
 """`python -m course_lib doctor`: is this machine ready for the course?
-`python -m course_lib download`: fetch MNIST into $COURSE_DATA_DIR (or data/) for offline use.
+`python -m course_lib download`: fetch MNIST into $COURSE_DATA_DIR (else ~/.cache/course_lib/data) for offline use.
 """
 import argparse
 import sys

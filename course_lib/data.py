@@ -7,7 +7,7 @@
 3. `ShardStream` — an IterableDataset over shard files on disk, for data larger than
    memory; each DataLoader worker (and each distributed rank) reads its own shards.
 
-The data root is `$COURSE_DATA_DIR`, else `data/` at the repo root. Where files are missing the
+The data root is `$COURSE_DATA_DIR`, else `data/` in the cache (`cache_dir()`). Where files are missing the
 loader downloads them unless COURSE_DOWNLOAD=0; offline it fails fast and says what to do.
 """
 from __future__ import annotations

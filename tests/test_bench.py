@@ -92,7 +92,7 @@ def test_loader_benchmark_quick(capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"speedup", "speedup_vs_workers2", "steps_per_second", "baseline_steps_per_second", "data"} <= set(summary)
     assert summary["speedup"] > 0 and summary["speedup_vs_workers2"] > 0   # the size of a speedup is the benchmark's to show
-    assert summary["data"].startswith("2,000 training images")
+    assert summary["data"].startswith("2,000 of the ")
 
 
 @needs_mnist
@@ -106,7 +106,7 @@ def test_cpu_mnist_benchmark_quick_as_a_subprocess():
     assert summary["speedup"] > 0      # a ratio of two measured rates; how large it is, the benchmark shows
     assert 0.5 < summary["test_accuracy"] <= 1 and 0 <= summary["baseline_test_accuracy"] <= 1
     assert summary["train_seconds"] > 0 and summary["baseline_train_seconds"] > 0
-    assert summary["data"].startswith("1,000 training images (subset of")
+    assert summary["data"].startswith("1,000 of the ")
 
 
 def _notebook(path, *sources):

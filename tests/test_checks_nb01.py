@@ -1,5 +1,4 @@
 import pytest
-import torch
 import torch.nn.functional as F
 
 from course_lib.checks.nb01 import check_accuracy, check_train_step

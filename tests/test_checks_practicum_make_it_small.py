@@ -7,7 +7,6 @@ practicum notebook is graded end to end by `course_lib.grade` and by nbgrader.
 import base64
 import io
 import os
-import struct
 import sys
 import textwrap
 import time

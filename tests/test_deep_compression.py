@@ -151,5 +151,5 @@ def test_quick_benchmark_keys(capsys):
             "int8_speedup", "int8_size_ratio", "int8_drop_pp", "structured_speedup", "data", "quick"}
     assert keys <= set(summary) and summary["quick"] is True and summary["benchmark"] == "compression"
     assert summary["lenet300_ratio"] > summary["lenet300_file_ratio"] > 20 and summary["lenet5_ratio"] > 20
-    assert summary["data"].startswith("1,000 training images") and summary["int8_size_ratio"] > 3
+    assert summary["data"].startswith("1,000 of the ") and summary["int8_size_ratio"] > 3
     assert "Table 2" in out and "Table 3" in out and "ratio paper" in out

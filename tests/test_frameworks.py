@@ -1,7 +1,6 @@
 """course_lib.frameworks: the LightningModule trains as course_lib.train does; counting code lines; flag mappings."""
 import copy
 import inspect
-import textwrap
 
 import pytest
 import torch

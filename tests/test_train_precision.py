@@ -106,7 +106,7 @@ def test_precision_benchmark_quick(capsys):
     assert summary["accuracy_gap_pp"] == pytest.approx(
         100 * (summary["fp32_test_accuracy"] - summary["bf16_test_accuracy"]), abs=0.011)
     assert summary["bf16_speedup"] > 0 and 0 < summary["bf16_saved_activation_ratio"] < 1
-    assert summary["data"].startswith("1,000 training images (subset of")
+    assert summary["data"].startswith("1,000 of the ")
     assert "bf16" in out and "images/s" in out                           # the table
 
 

@@ -36,12 +36,12 @@ import hashlib
 import linecache
 import os
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from .. import data
+from ..data import cache_dir
 from ..checkpoint import load_checkpoint, save_checkpoint
 from ..compression.measure import serialized_bytes as saved_bytes  # noqa: F401 - an artifact's cost, for the notebook
 from ..env import quick_mode, seed_everything
@@ -56,13 +56,6 @@ RECIPE = {"epochs": 8, "lr": 1e-3, "batch_size": 64, "seed": 0}
 
 
 # --- the given model ------------------------------------------------------------------------------
-
-def cache_dir() -> Path:
-    """$COURSE_CACHE_DIR, else $XDG_CACHE_HOME/course_lib, else ~/.cache/course_lib: never the repository."""
-    if os.environ.get("COURSE_CACHE_DIR"):
-        return Path(os.environ["COURSE_CACHE_DIR"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "course_lib"
-
 
 def given_checkpoint(root=None, log=print) -> dict:
     """{"model": state_dict, "test_accuracy", "train_images", "recipe"} of the given model.
