@@ -285,7 +285,7 @@ MNIST_TRAIN_CLASS_COUNTS = (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851
 
 def training_set_name(root=None) -> str:
     """What the training split at `root` is, judged by its digits' counts (never by its size alone)."""
-    labels = mnist_dataset("train", root, transform=None).targets
+    labels = _train_labels(str(_resolve_root(root)))
     counts = tuple(torch.bincount(labels, minlength=10).tolist())
     if counts == MNIST_TRAIN_CLASS_COUNTS:
         return "full MNIST"
@@ -310,4 +310,10 @@ def data_label(n_used: int, n_split: int, root=None) -> str:
 
 def train_split_size(root=None) -> int:
     """How many images the training split at `root` holds (5,000 for the stand-in, 60,000 for MNIST)."""
-    return len(mnist_dataset("train", root, transform=None))
+    return len(_train_labels(str(_resolve_root(root))))
+
+
+@functools.lru_cache(maxsize=8)
+def _train_labels(root: str) -> torch.Tensor:
+    # data_label and train_split_size are called together: read the split once per folder
+    return mnist_dataset("train", root, transform=None).targets
