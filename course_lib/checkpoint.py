@@ -41,6 +41,23 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     return torch.load(path, map_location=map_location, weights_only=True)
 
 
+def rng_state(device) -> dict:
+    """The random state that decides the next dropout masks: the CPU's, and the GPU's on CUDA."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.device(device).type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)   # dropout on a GPU draws from the GPU's generator
+    return state
+
+
+def set_rng_state(state, device) -> None:
+    """Restore what `rng_state` returned (or a bare CPU state tensor, as older checkpoints hold)."""
+    if isinstance(state, torch.Tensor):
+        state = {"cpu": state}
+    torch.set_rng_state(state["cpu"].cpu())
+    if state.get("cuda") is not None and torch.device(device).type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
 class Checkpointer:
     """DIR/last.pt of a training run: model, optimizer, scheduler, loss scaler, every rank's RNG, position.
 
@@ -68,7 +85,7 @@ class Checkpointer:
 
     def save(self, epoch: int, batches_done: int) -> None:
         """Write the state after `batches_done` batches of `epoch` (all ranks call this)."""
-        rng = torch.get_rng_state()
+        rng = rng_state(self.strategy.device)
         rngs = self.strategy.gather(rng)
         model_state, optimizer_state = self.strategy.state_dicts(self.model, self.optimizer)
         if self.strategy.info.is_main:
@@ -109,7 +126,7 @@ class Checkpointer:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         info, rngs = self.strategy.info, state.get("rng_per_rank")
-        torch.set_rng_state((rngs[info.rank] if rngs and len(rngs) == info.world_size else state["rng"]).cpu())
+        set_rng_state(rngs[info.rank] if rngs and len(rngs) == info.world_size else state["rng"], device)
         done = state.get("batches_done", self.steps_per_epoch)   # epoch-end checkpoints: the epoch is complete
         self.resumed_step = state.get("step")
         return (state["epoch"] + 1, 0) if done >= self.steps_per_epoch else (state["epoch"], done)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -137,6 +138,27 @@ def _join_process_group(info: DistInfo, device: torch.device) -> None:
                             rank=info.rank, world_size=info.world_size, timeout=timeout)
 
 
+def _rank_device(device: str, info: DistInfo) -> torch.device:
+    """This rank's device: cuda:LOCAL_RANK when this node has a GPU for each of its ranks.
+
+    nccl refuses two ranks on one GPU, so with fewer GPUs than ranks on the node (LOCAL_WORLD_SIZE,
+    set by torchrun) "auto" trains on the CPU with gloo and says so; an explicit cuda is an error.
+    """
+    dev = get_device(device)
+    if dev.type != "cuda":
+        return dev
+    local_ranks, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+    if info.local_rank < gpus and local_ranks <= gpus:
+        return torch.device("cuda", info.local_rank)
+    if device == "auto":
+        if info.local_rank == 0:
+            print(f"note: {local_ranks} ranks on this node but {gpus} GPU(s); nccl needs a GPU per rank, "
+                  "so --device auto trains on the CPU (gloo)", file=sys.stderr, flush=True)
+        return torch.device("cpu")
+    raise SystemExit(f"--device {device}: {local_ranks} ranks on this node but {gpus} GPU(s); nccl needs a GPU "
+                     f"per rank. Use --nproc_per_node {gpus} or --device cpu (gloo).")
+
+
 def setup_strategy(name: str, device: str, info: DistInfo) -> Single:
     """The strategy `name` (one of STRATEGIES) on `device`; ddp and fsdp join the process group.
 
@@ -152,9 +174,8 @@ def setup_strategy(name: str, device: str, info: DistInfo) -> Single:
     if "MASTER_ADDR" not in os.environ:
         raise SystemExit(f"--strategy {name} needs a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR, e.g.\n"
                          f"  torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy {name}")
-    dev = get_device(device)
+    dev = _rank_device(device, info)
     if dev.type == "cuda":
-        dev = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(dev)
     elif dev.type != "cpu":
         raise SystemExit(f"--strategy {name} runs on CPU (gloo) or CUDA (nccl), not {dev.type}")

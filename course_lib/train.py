@@ -3,6 +3,7 @@
     python -m course_lib.train                                  # Net on MNIST, defaults below
     python -m course_lib.train --model lenet300 --epochs 3 --json
     python -m course_lib.train --precision bf16 --json          # bf16 autocast; 16 = fp16 + GradScaler (CUDA)
+    python -m course_lib.train --device cuda --batch-size 512 --lr 0.02   # fastest on a GPU (bench gpu-fast)
     python -m course_lib.train --checkpoint-dir runs/a --resume   # continue after a crash
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy ddp --json
     torchrun --nnodes 2 --node_rank 0 --rdzv-backend c10d --rdzv-endpoint HOST:PORT --nproc_per_node 4 \
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="channels_last stores conv weights and activations as NHWC, which oneDNN (CPU) and cuDNN "
                         "run much faster for small convolutions; auto: channels_last for models with Conv2d "
                         "layers, except under fsdp (it shards parameters as flat rows)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (Inductor: Triton kernels on CUDA, C++ on the CPU); the first "
+                        "epoch's time includes compiling, once per batch shape")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
@@ -185,7 +189,8 @@ def _train(args, strategy, on_step_end=None) -> dict:
         log(f"training {args.model} ({count_parameters(model):,} parameters) on {device}, "
             f"{train_loader.dataset_size:,} training images, epochs {start + 1}..{args.epochs}"
             + (f", {info.world_size} ranks x batch {args.batch_size}" if strategy.distributed else ""))
-    history = fit(strategy.wrap(model), train_loader, test_loader, epochs=max(args.epochs - start, 0),
+    trained = torch.compile(strategy.wrap(model)) if args.compile else strategy.wrap(model)
+    history = fit(trained, train_loader, test_loader, epochs=max(args.epochs - start, 0),
                   optimizer=optimizer, device=device, scheduler=scheduler, log=log,
                   progress=not args.no_progress and info.is_main, start_epoch=start, skip_batches=skip,
                   on_step_end=step_end, on_epoch_end=ckpt.on_epoch_end if ckpt else None,
@@ -194,11 +199,13 @@ def _train(args, strategy, on_step_end=None) -> dict:
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
             "strategy": args.strategy, "precision": args.precision, "world_size": info.world_size,
             "memory_format": "channels_last" if memory_format is torch.channels_last else "contiguous",   # as the flag
-            "epochs": args.epochs, "epochs_run": len(history.train_loss), "batch_size": args.batch_size,
-            "global_batch_size": args.batch_size * info.world_size, "lr": args.lr, "optimizer": args.optimizer,
+            "compile": args.compile, "epochs": args.epochs, "epochs_run": len(history.train_loss),
+            "batch_size": args.batch_size, "global_batch_size": args.batch_size * info.world_size, "lr": args.lr, "optimizer": args.optimizer,
             "seed": args.seed, "train_samples": train_loader.dataset_size, "test_samples": test_loader.dataset_size,
             "test_loss": round(test_loss, 6), "test_accuracy": round(test_acc, 6),
             "train_seconds": round(history.train_seconds, 3),
+            "epoch_seconds": [round(t, 3) for t in history.epoch_seconds],       # this run's epochs, in order
+            "epoch_test_accuracy": [round(a, 6) for a in history.val_accuracy],
             # throughput of the whole job: the sum over ranks
             "images_per_second": round(strategy.sum(history.mean_images_per_second), 1),
             "images_per_second_note": "sum over ranks" if strategy.distributed else "one process"}

@@ -12,11 +12,12 @@ import torch
 
 from conftest import fake_mnist, needs_mnist
 from course_lib import bench
+from course_lib.bench import gpu_fast
 from course_lib.data import MNIST_TRAIN_CLASS_COUNTS, data_label
 
 
 def test_unknown_benchmark_names_the_available_ones(capsys):
-    with pytest.raises(ValueError, match="available: allreduce, compression, cpu-mnist, ddp, lectures, loader, pipeline, precision, sharding"):
+    with pytest.raises(ValueError, match="available: allreduce, compression, cpu-mnist, ddp, gpu-fast, lectures, loader, pipeline, precision, sharding"):
         bench.run_benchmark("nope")
     assert bench.main(["nope"]) == 2
     assert "unknown benchmark 'nope'" in capsys.readouterr().err
@@ -136,3 +137,26 @@ def test_lectures_clock_without_notebooks_says_where_it_looked(tmp_path):
 
     with pytest.raises(ValueError, match="no lecture notebooks"):
         lectures.time_lectures(tmp_path)
+
+
+@needs_mnist
+def test_gpu_fast_benchmark_quick_on_any_device(capsys):
+    """On a CPU the recipe runs without its compile row; each row is one epoch on 1,000 images."""
+    assert bench.main(["gpu-fast", "--quick", "--json"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["benchmark"] == "gpu-fast" and summary["epochs"] == 1 and summary["quick"] is True
+    assert summary["data"].startswith("1,000 of the ")
+    assert summary["speedup"] > 0 and 0.1 < summary["recipe_test_accuracy"] <= 1
+    expected_rows = ["defaults", "batch 512", "+ bf16", "+ bf16, NCHW"]
+    expected_rows += ["+ compile"] if torch.cuda.is_available() else []
+    assert summary["fastest_row"] in expected_rows and set(summary["seconds_to_target"]) == set(expected_rows)
+    assert summary["recipe"] == " ".join(["python -m course_lib.train", *gpu_fast.ROWS[summary["fastest_row"]]]).strip()
+    for row in expected_rows:
+        assert f"== {row}:" in out
+
+
+def test_seconds_to_target_counts_training_time_up_to_the_first_epoch_that_reached_it():
+    from course_lib.bench.gpu_fast import seconds_to
+    out = {"epoch_seconds": [2.0, 1.0, 1.0], "epoch_test_accuracy": [0.95, 0.991, 0.99]}
+    assert seconds_to(0.99, out) == 3.0 and seconds_to(0.999, out) is None

@@ -46,3 +46,22 @@ def test_bad_input(tmp_path):
         load_checkpoint(tmp_path / "missing.pt")
     with pytest.raises(TypeError, match="state must be a dict"):
         save_checkpoint(tmp_path / "x.pt", [1, 2])
+
+
+def test_rng_state_round_trips_and_reads_the_old_format():
+    from course_lib.checkpoint import rng_state, set_rng_state
+    saved = rng_state("cpu")
+    first = torch.rand(3)
+    set_rng_state(saved, "cpu")
+    assert torch.equal(torch.rand(3), first)
+    set_rng_state(saved["cpu"], "cpu")            # checkpoints written before the GPU state was kept
+    assert torch.equal(torch.rand(3), first)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_rng_state_keeps_the_gpu_generator_that_dropout_uses_on_cuda():
+    from course_lib.checkpoint import rng_state, set_rng_state
+    saved = rng_state("cuda")
+    first = torch.rand(3, device="cuda")
+    set_rng_state(saved, "cuda")
+    assert torch.equal(torch.rand(3, device="cuda"), first)

@@ -45,6 +45,9 @@ def test_the_wheel_is_what_python_imports_and_it_holds_no_notebooks_or_solutions
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(str(site)), out.stdout
     assert not list(site.rglob("*.ipynb"))
+    shipped = {p.name for p in (ROOT / "course_lib" / "recorded").glob("*.json")}
+    assert shipped and shipped == {p.name for p in (site / "course_lib" / "recorded").glob("*.json")}, \
+        "the GPU recordings lectures 04 and 11 show are package data"
 
 
 @needs_mnist

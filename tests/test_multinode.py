@@ -12,6 +12,7 @@ import torch
 
 from conftest import needs_mnist
 from course_lib.checkpoint import load_checkpoint
+from course_lib.distributed import multinode
 from course_lib.distributed.multinode import last_json, run_nodes, torchrun_command, whoami
 from course_lib.processes import run_commands
 from course_lib.train import build_parser
@@ -147,3 +148,19 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_with_the_same_weigh
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-7, msg=f"weights differ in {name}")
+
+
+@pytest.mark.parametrize("gpus, visible, nproc, expected", [
+    (0, None, 1, [{}, {}]),                                                  # no GPU: nothing to hide
+    (1, None, 1, [{"CUDA_VISIBLE_DEVICES": ""}] * 2),                        # one GPU, two nodes: nccl would refuse
+    (4, None, 2, [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]),
+    (2, "5,7", 1, [{"CUDA_VISIBLE_DEVICES": "5"}, {"CUDA_VISIBLE_DEVICES": "7"}]),   # already narrowed
+])
+def test_each_simulated_node_sees_only_its_own_gpus(monkeypatch, gpus, visible, nproc, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert [multinode.node_gpus(rank, 2, nproc) for rank in range(2)] == expected

@@ -154,9 +154,27 @@ def test_cli_json_summary():
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert {"test_accuracy", "train_seconds", "images_per_second", "world_size", "device"} <= set(summary)
-    assert summary["world_size"] == 1 and summary["device"] == "cpu" and summary["train_samples"] == 512
+    device = "cuda" if torch.cuda.is_available() else "cpu"      # --device auto
+    assert summary["world_size"] == 1 and summary["device"] == device and summary["train_samples"] == 512
     assert 0.5 < summary["test_accuracy"] <= 1.0 and summary["test_samples"] == 10_000
     assert summary["memory_format"] == "contiguous"      # auto, for an MLP; named as --memory-format names it
+    assert len(summary["epoch_seconds"]) == len(summary["epoch_test_accuracy"]) == 1
+    assert summary["epoch_test_accuracy"][-1] == summary["test_accuracy"] and summary["compile"] is False
+
+
+@needs_mnist
+def test_compile_trains_the_compiled_model(monkeypatch):
+    """--compile hands fit the torch.compile'd model (compiling itself is torch's; timed by bench gpu-fast)."""
+    compiled = []
+
+    def fake_compile(model):
+        compiled.append(model)
+        return model
+    monkeypatch.setattr(train.torch, "compile", fake_compile)
+    args = ["--epochs", "1", "--train-subset", "256", "--no-progress", "--model", "lenet300"]
+    assert train.run(train.build_parser().parse_args(args))["compile"] is False and not compiled
+    summary = train.run(train.build_parser().parse_args(args + ["--compile"]))
+    assert summary["compile"] is True and len(compiled) == 1 and summary["epochs_run"] == 1
 
 
 @needs_mnist
@@ -241,3 +259,19 @@ def test_progress_bars_follow_tqdm_disable_even_in_a_notebook(monkeypatch, env, 
     batches = [(torch.randn(3, 4), torch.tensor([0, 1, 0]))]
     loop.train_epoch(model, batches, torch.optim.SGD(model.parameters(), lr=0.1), "cpu", progress=progress)
     assert seen == [disabled]
+
+
+def test_ranks_share_no_gpu_auto_falls_back_to_the_cpu_and_explicit_cuda_says_what_to_do(monkeypatch, capsys):
+    """nccl refuses two ranks on one GPU: with fewer GPUs than ranks on a node, auto means gloo on the CPU."""
+    from course_lib import strategy
+    from course_lib.env import DistInfo
+    monkeypatch.setattr(strategy, "get_device", lambda name: torch.device("cuda" if name in ("auto", "cuda") else name))
+    monkeypatch.setattr(strategy.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert strategy._rank_device("auto", DistInfo(0, 2, 0)) == torch.device("cpu")
+    assert "2 ranks on this node but 1 GPU(s)" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--nproc_per_node 1 or --device cpu"):
+        strategy._rank_device("cuda", DistInfo(1, 2, 1))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")                     # one rank per node, one GPU each
+    assert strategy._rank_device("auto", DistInfo(1, 2, 0)) == torch.device("cuda", 0)
+    assert strategy._rank_device("cpu", DistInfo(1, 2, 0)) == torch.device("cpu")

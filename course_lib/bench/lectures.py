@@ -41,8 +41,11 @@ def _environment(**values):
         apply(saved)
 
 
-def time_notebook(path: Path, cell_timeout: float = CELL_TIMEOUT) -> tuple[float, str]:
-    """(wall seconds from kernel start to the last cell, "" or the first error) for one notebook."""
+def time_notebook(path: Path, cell_timeout: float = CELL_TIMEOUT, save_to=None) -> tuple[float, str]:
+    """(wall seconds from kernel start to the last cell, "" or the first error) for one notebook.
+
+    save_to: also write the executed notebook (its outputs) there, failed or not.
+    """
     try:
         import nbformat
         from nbclient import NotebookClient
@@ -63,7 +66,10 @@ def time_notebook(path: Path, cell_timeout: float = CELL_TIMEOUT) -> tuple[float
         error = f"the kernel died: {exc}"
     except CellExecutionError as exc:
         error = str(exc).strip().splitlines()[-1][:300]
-    return time.perf_counter() - start, error
+    seconds = time.perf_counter() - start
+    if save_to is not None:
+        nbformat.write(nb, str(save_to))
+    return seconds, error
 
 
 def run(data_dir=None, quick: bool = False) -> BenchResult:

@@ -24,7 +24,7 @@ def plot_traffic(rows, ax=None):
     """Bytes per step through the master and through one other device, against k."""
     import matplotlib.pyplot as plt
 
-    ax = ax or plt.gca()
+    ax = ax or plt.subplots(figsize=(6, 3.5))[1]     # a figure of its own, never whatever is current
     ks = [r["k"] for r in rows]
     ax.plot(ks, [r["master_bytes"] / 1e6 for r in rows], "o-", label="master (device 0)")
     ax.plot(ks, [r["other_bytes"] / 1e6 for r in rows], "s--", label="device 1 (any non-master)")
@@ -42,7 +42,7 @@ def plot_dp_timeline(report: DPReport, ax=None, ideal: bool = True):
     """
     import matplotlib.pyplot as plt
 
-    ax = ax or plt.gca()
+    ax = ax or plt.subplots(figsize=(8, 3))[1]
     colors = dict(zip(PHASES, plt.cm.tab10.colors))
     clock = 0.0
     for phase in PHASES:

@@ -92,9 +92,13 @@ def run_nodes(module_args, nnodes: int = 2, nproc_per_node: int = 1, max_restart
     """Start `nnodes` torchrun "nodes" on 127.0.0.1 that rendezvous (c10d) on a free port.
 
     Node 0 hosts the rendezvous store (is_host=1), as the endpoint machine does on a cluster.
-    With nnodes=1 this is `torchrun --standalone`. Returns one NodeResult per node.
+    With nnodes=1 this is `torchrun --standalone`. Each node sees only its own GPUs (`node_gpus`).
+    Returns one NodeResult per node.
     """
     positive_int("nnodes", nnodes)
+    if env is not None and not isinstance(env, dict):
+        raise TypeError(f"env must be a dict of extra variables or None; got {type(env).__name__}")
+    envs = [{**node_gpus(rank, nnodes, nproc_per_node), **(env or {})} for rank in range(nnodes)]
     if nnodes == 1:
         commands = [torchrun_command(module_args, 1, 0, nproc_per_node, None, max_restarts)]
     else:
@@ -102,7 +106,26 @@ def run_nodes(module_args, nnodes: int = 2, nproc_per_node: int = 1, max_restart
         commands = [torchrun_command(module_args, nnodes, rank, nproc_per_node, endpoint, max_restarts,
                                      rdzv_conf={"is_host": int(rank == 0)}) for rank in range(nnodes)]
     return [NodeResult(rank, *result) for rank, result in
-            enumerate(run_commands(commands, timeout=timeout, env=env, cwd=cwd))]
+            enumerate(run_commands(commands, timeout=timeout, env=envs, cwd=cwd))]
+
+
+def node_gpus(node_rank: int, nnodes: int, nproc_per_node: int) -> dict:
+    """CUDA_VISIBLE_DEVICES for one "node" on this machine: its own GPUs, as a real node has, or none.
+
+    Every simulated node sees the same GPUs, and nccl refuses two ranks on one GPU; so each node
+    gets its own `nproc_per_node` GPUs when there are enough for all, else none (gloo on the CPU).
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    gpus = torch.cuda.device_count()
+    if nnodes * nproc_per_node > gpus:
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")        # the ids the child must name, if already narrowed
+    ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
+    first = node_rank * nproc_per_node
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids[first:first + nproc_per_node])}
 
 
 def last_json(text: str) -> dict:

@@ -18,6 +18,8 @@ def rank_info(rank: int, world_size: int) -> dict:
 
 def all_reduce_sum(rank: int, world_size: int, n: int = 4) -> list:
     """Each rank contributes [rank+1]*n; everyone gets the sum 1+2+...+world_size."""
-    t = torch.full((n,), float(rank + 1))
+    from ..env import rank_device
+
+    t = torch.full((n,), float(rank + 1), device=rank_device())   # nccl reduces GPU tensors only
     dist.all_reduce(t)
     return t.tolist()
