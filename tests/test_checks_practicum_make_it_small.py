@@ -434,3 +434,12 @@ def test_nbgrader_autogrades_the_solution_full_and_the_release_zero(tmp_path, mo
     assert solved["total"] == solved["max"] == 10, solved
     untouched = autograde(api, tmp_path, "small", "idle", {NAME: tmp_path / "release" / "small" / NAME})
     assert untouched["total"] == 0 and untouched["max"] == 10, untouched
+
+
+def test_pythonpath_folders_are_readable_but_the_test_set_still_is_not(monkeypatch, tmp_path):
+    """Packages installed with pip --target live on PYTHONPATH; a denied folder under it stays denied."""
+    extra = tmp_path / "site"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(extra), "", str(tmp_path / "other")]))
+    folders = sandbox.python_folders()
+    assert os.path.realpath(extra) in folders and os.path.realpath(tmp_path / "other") in folders
+    assert os.path.realpath("") not in folders                  # an empty entry is not the current folder

@@ -60,7 +60,8 @@ def test_cli_check_exit_status(tmp_path, in_the_course_root, capsys):
 
 
 def test_run_from_another_folder_names_the_missing_folder(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(course_lib.__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [      # keep pip --target installs
+        str(Path(course_lib.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "course_lib.exercises", "--check"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "there is no folder solutions" in done.stderr, done.stderr

@@ -192,7 +192,8 @@ def test_finding_the_source(toy, tmp_path, monkeypatch):
 
 
 def test_a_missing_submission_is_reported_without_a_traceback(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(course_lib.__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [      # keep pip --target installs
+        str(Path(course_lib.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "course_lib.grade", "missing.ipynb"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
@@ -225,7 +226,8 @@ print("ok")
 
 
 def test_grading_needs_its_extra_and_nothing_else_does():
-    env = {**os.environ, "PYTHONPATH": str(Path(course_lib.__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [      # keep pip --target installs
+        str(Path(course_lib.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", BLOCKED_IMPORTS], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     package = Path(course_lib.__file__).resolve().parent     # the rule, for every module: only checks import grading

@@ -55,9 +55,14 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
 def python_folders() -> list[str]:
-    """Where Python, its packages, torch and course_lib live: what the answer's code may read (real paths)."""
+    """Where Python, its packages, torch and course_lib live: what the answer's code may read (real paths).
+
+    PYTHONPATH's folders count too (packages installed with pip --target live there); `denied`
+    (the test set) still wins over any of them.
+    """
     folders = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, str(PACKAGE), os.devnull,
-               *site.getsitepackages(), site.getusersitepackages(), str(Path(torch.__file__).parent.parent)}
+               *site.getsitepackages(), site.getusersitepackages(), str(Path(torch.__file__).parent.parent),
+               *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))}
     return [os.path.realpath(p) for p in folders]
 
 
