@@ -99,3 +99,13 @@ def test_bad_input_is_refused_with_a_clear_message(kwargs, error, match, model_a
         pytest.skip(AVAILABLE[kwargs["api"]])
     with pytest.raises(error, match=match):
         int8.int8_model(model_and_batches[0], **kwargs)
+
+
+@pytest.mark.skipif(AVAILABLE["torchao-pt2e"] is not None, reason="torchao-pt2e is not usable here")
+def test_a_pt2e_conversion_that_leaves_float_weights_is_refused_by_name(model_and_batches, monkeypatch):
+    """Seen with torch 2.11 + torchao 0.18: convert_pt2e kept fp32 weights, and the model was not smaller."""
+    from torchao.quantization.pt2e import quantize_pt2e
+    model, batches = model_and_batches
+    monkeypatch.setattr(quantize_pt2e, "convert_pt2e", lambda prepared: prepared)   # no folding at all
+    with pytest.raises(int8.RouteFailed, match="left the weights in float32"):
+        int8.int8_model(model, batches, api="torchao-pt2e")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import needs_mnist
+from conftest import RESUME_TOLERANCE, needs_mnist
 from course_lib import loop, train
 from course_lib.checkpoint import load_checkpoint
 from course_lib.data import TensorLoader
@@ -201,7 +201,7 @@ def test_resume_after_a_crash_ends_with_the_same_weights(tmp_path, monkeypatch):
     assert resumed["epochs_run"] == 2
     a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" / "last.pt")
     for key in a["model"]:
-        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a["model"][key], b["model"][key], **RESUME_TOLERANCE)
     assert resumed["test_accuracy"] == pytest.approx(whole["test_accuracy"], abs=1e-3)
 
 

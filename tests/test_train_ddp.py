@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import needs_mnist
+from conftest import RESUME_TOLERANCE, needs_mnist
 from course_lib import loop, train
 from course_lib.distributed import faults
 from course_lib.checkpoint import load_checkpoint
@@ -99,7 +99,7 @@ def test_resume_mid_epoch_ends_with_the_same_weights(tmp_path, monkeypatch):
     a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" / "last.pt")
     assert a["step"] == b["step"] == 16
     for key in a["model"]:
-        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a["model"][key], b["model"][key], **RESUME_TOLERANCE)
 
 
 def test_injected_fault_exits_only_on_its_rank_step_and_first_attempt(monkeypatch):

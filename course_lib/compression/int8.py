@@ -165,6 +165,16 @@ def _drop_unused_attributes(gm) -> None:
             delattr(gm.get_submodule(owner), attr)
 
 
+class RouteFailed(RuntimeError):
+    """An int8 route that imported but did not produce an int8 model with this torch/torchao pair."""
+
+
+def _attribute(module, dotted: str):
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module
+
+
 def _torchao_pt2e(model, batches):
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
@@ -179,6 +189,11 @@ def _torchao_pt2e(model, batches):
             prepared((b[0] if isinstance(b, (tuple, list)) else b).cpu())
     converted = convert_pt2e(prepared)
     _drop_unused_attributes(converted)
+    read = [_attribute(converted, n.target) for n in converted.graph.nodes if n.op == "get_attr"]
+    if not any(getattr(t, "dtype", None) == torch.int8 for t in read):
+        import torchao   # seen with torch 2.11 + torchao 0.18 on a GPU machine: the weights stayed fp32
+        raise RouteFailed(f"torchao-pt2e left the weights in float32 here (torch {torch.__version__}, torchao "
+                          f"{torchao.__version__}: convert_pt2e did not fold them to int8); use another route")
     compiled = CompiledInt8(converted)
     compiled(example)       # compile now, not in the first timed call
     return compiled
