@@ -191,9 +191,61 @@ def test_finding_the_source(toy, tmp_path, monkeypatch):
         grade.find_source(sub, grade.read_notebook(sub))
 
 
-def test_a_missing_submission_is_reported_without_a_traceback(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [      # keep pip --target installs
+def cli_env():
+    """The environment for a `python -m course_lib...` subprocess: this course_lib first, PYTHONPATH kept
+    (pip --target installs)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
         str(Path(course_lib.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
+
+
+def broken(change):
+    """The toy notebook's JSON text after `change(nb, cell)`, where `cell` is its first answer cell (cell 2 of 7)."""
+    def make(nb):
+        change(nb, nb["cells"][1])
+        return json.dumps(nb)
+    return make
+
+
+MALFORMED = {   # what is wrong: (the file's content, made from the toy notebook's JSON; the note it gets)
+    "not JSON": (lambda nb: "this is not JSON", "it is not JSON (Expecting value: line 1 column 1"),
+    "empty file": (lambda nb: "", "the file is empty"),
+    "not UTF-8": (lambda nb: b"\xff\xfe{}", "UnicodeDecodeError: 'utf-8' codec can't decode"),
+    "nested too deep": (lambda nb: "[" * 100_000 + "]" * 100_000, "RecursionError"),
+    "JSON, not a notebook": (lambda nb: "{}", "nbformat must be 4 (a Jupyter notebook"),
+    "cells not a list": (broken(lambda nb, cell: nb.update(cells={"0": cell})), "cells must be a list; got an object"),
+    "grade_id a list": (broken(lambda nb, cell: cell["metadata"]["nbgrader"].update(grade_id=["toy_add"])),
+                        "cell 2 of 7: metadata.nbgrader.grade_id must be a string; got a list"),
+    "nbgrader a string": (broken(lambda nb, cell: cell["metadata"].update(nbgrader="toy_add")),
+                          "cell 2 of 7: metadata.nbgrader must be an object; got 'toy_add'"),
+    "a cell without source": (broken(lambda nb, cell: cell.pop("source")),
+                              "cell 2 of 7: source must be a string or a list of strings; got nothing"),
+    "source a number": (broken(lambda nb, cell: cell.update(source=42)),
+                        "cell 2 of 7: source must be a string or a list of strings; got 42"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_submission_scores_zero_with_a_note_and_no_traceback(case, toy, tmp_path):
+    """Checked before anything runs: the usual report (exit 1, as for any unreadable submission), score 0
+    of the usual maximum, and one line naming what is wrong and where."""
+    path, nb = toy
+    make, note = MALFORMED[case]
+    content = make(json.loads(nbformat.writes(nb)))
+    sub = tmp_path / "submitted.ipynb"
+    sub.write_bytes(content if isinstance(content, bytes) else content.encode())
+    done = subprocess.run([sys.executable, "-m", "course_lib.grade", str(sub), "--source", str(path), "--json"],
+                          env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (report["score"], report["max_score"], report["points"]) == (0, 6, dict.fromkeys(TOY_POINTS, 0.0))
+    assert report["error"].startswith(f"{sub} is not a readable notebook: ")
+    assert note in report["error"] and "\n" not in report["error"] and not report["notes"], report["error"]
+    assert f"could not read the submission: {report['error']}" in done.stdout
+
+
+def test_a_missing_submission_is_reported_without_a_traceback(tmp_path):
+    env = cli_env()
     done = subprocess.run([sys.executable, "-m", "course_lib.grade", "missing.ipynb"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
@@ -226,8 +278,7 @@ print("ok")
 
 
 def test_grading_needs_its_extra_and_nothing_else_does():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [      # keep pip --target installs
-        str(Path(course_lib.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
+    env = cli_env()
     done = subprocess.run([sys.executable, "-c", BLOCKED_IMPORTS], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     package = Path(course_lib.__file__).resolve().parent     # the rule, for every module: only checks import grading

@@ -16,6 +16,9 @@ A test cell earns its points when it ran to its end without an error. The source
 --source, else $COURSE_SOLUTIONS_DIR/<name>, else solutions/<name> under the current folder (run
 it from the course's root); if no file has the submission's name (a renamed download), the source
 notebook in that folder that holds its grade_ids. Needs the grading extra (nbformat, nbclient).
+Exit status: 0 graded; 1 graded 0 because the submission is not a readable notebook (not JSON, or a
+malformed one: its shape is checked by course_lib.grading.validate_notebook before anything runs, and
+the report's error says in one line what is wrong and where); 2 no submission or no usable source.
 
 Threat model. Students run arbitrary code in the grading kernel, before the tests, so a
 determined student can always cheat (rewrite later cells with an IPython input transformer, patch
@@ -52,6 +55,7 @@ except ImportError as exc:
     raise ImportError(f"grading needs nbformat and nbclient ({exc}): pip install 'course_lib[grading]'") from exc
 
 from .kernel import run_cells
+from .validate_notebook import notebook_problem
 
 SOLUTIONS_DIR = Path("solutions")   # relative: under the folder the grader runs in
 FRESH_MODULES = """import sys as _grader_sys
@@ -91,14 +95,18 @@ def is_test(cell) -> bool:
 
 
 def read_notebook(path) -> nbformat.NotebookNode:
-    """Read a notebook, or raise ValueError saying why it is not one."""
+    """Read a notebook, or raise ValueError saying in one line why it is not one. A submission is
+    untrusted: its shape is checked (validate_notebook) before nbformat or the grader touch it."""
     try:
-        nb = nbformat.read(str(path), as_version=4)
-        if not isinstance(nb.get("cells"), list):
-            raise ValueError("it has no list of cells")
-        return nb
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
-        raise ValueError(f"{path} is not a readable notebook: {type(exc).__name__}: {exc}") from None
+        text = Path(path).read_text(encoding="utf-8")
+        problem = notebook_problem(json.loads(text)) if text.strip() else "the file is empty"
+        if not problem:
+            return nbformat.reads(text, as_version=4)
+    except json.JSONDecodeError as exc:
+        problem = f"it is not JSON ({exc})"
+    except Exception as exc:   # unreadable, not UTF-8, nested too deep for json, or refused by nbformat
+        problem = f"{type(exc).__name__}: {exc}"
+    raise ValueError(f"{path} is not a readable notebook: {problem.strip().splitlines()[0]}")
 
 
 def find_source(submission: Path, nb=None, source=None) -> Path:
@@ -115,7 +123,7 @@ def find_source(submission: Path, nb=None, source=None) -> Path:
                                 "course's root folder, pass --source or set COURSE_SOLUTIONS_DIR)")
     wanted = {_meta(c).get("grade_id") for c in (nb.cells if nb else [])} - {None}
     matches = [p for p in sorted(folder.glob("*.ipynb"))
-               if wanted & {_meta(c).get("grade_id") for c in nbformat.read(str(p), as_version=4).cells}]
+               if wanted & {_meta(c).get("grade_id") for c in read_notebook(p).cells}]
     if len(matches) == 1:
         return matches[0]
     raise FileNotFoundError(f"no source notebook for {submission.name} in {folder} ("
@@ -191,13 +199,15 @@ def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float =
     source_nb = read_notebook(source)
     marker = f"course-grade-{secrets.token_hex(16)}"
     sources, tests, answers, notes = build(source_nb, sub_nb, marker)
-    report = Report(str(submission), str(source), notes=notes, error=error)
+    # unreadable: the error says why in one line; "answer missing" notes for every cell would only hide it
+    report = Report(str(submission), str(source), notes=notes if sub_nb is not None else [], error=error)
     results = run_cells(sources, cell_timeout, timeout) if sub_nb is not None else None
     for index, grade_id in answers if results else []:
         if results[index].status != "ok":
             report.notes.append(f"answer cell {grade_id!r}: {_verdict(results[index], marker)[1][:200]}")
     for index, grade_id, points in tests:
-        status, message = _verdict(results[index], marker) if results else ("failed", error)
+        status, message = (_verdict(results[index], marker) if results
+                           else ("failed", "not run: the submission is not a readable notebook (see its error)"))
         report.max_points[grade_id], report.status[grade_id] = points, status
         report.points[grade_id] = points if status == "passed" else 0.0
         if message:
