@@ -443,3 +443,8 @@ def test_pythonpath_folders_are_readable_but_the_test_set_still_is_not(monkeypat
     folders = sandbox.python_folders()
     assert os.path.realpath(extra) in folders and os.path.realpath(tmp_path / "other") in folders
     assert os.path.realpath("") not in folders                  # an empty entry is not the current folder
+    course = sandbox.PACKAGE.parent                             # it holds solutions/ and the hidden tests
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(course), str(course.parent), str(extra)]))
+    folders = sandbox.python_folders()
+    assert os.path.realpath(course) not in folders and os.path.realpath(course.parent) not in folders
+    assert os.path.realpath(extra) in folders

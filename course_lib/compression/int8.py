@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import operator
 import shutil
 import warnings
 
@@ -169,12 +170,6 @@ class RouteFailed(RuntimeError):
     """An int8 route that imported but did not produce an int8 model with this torch/torchao pair."""
 
 
-def _attribute(module, dotted: str):
-    for part in dotted.split("."):
-        module = getattr(module, part)
-    return module
-
-
 def _torchao_pt2e(model, batches):
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
@@ -189,7 +184,7 @@ def _torchao_pt2e(model, batches):
             prepared((b[0] if isinstance(b, (tuple, list)) else b).cpu())
     converted = convert_pt2e(prepared)
     _drop_unused_attributes(converted)
-    read = [_attribute(converted, n.target) for n in converted.graph.nodes if n.op == "get_attr"]
+    read = [operator.attrgetter(n.target)(converted) for n in converted.graph.nodes if n.op == "get_attr"]
     if not any(getattr(t, "dtype", None) == torch.int8 for t in read):
         import torchao   # seen with torch 2.11 + torchao 0.18 on a GPU machine: the weights stayed fp32
         raise RouteFailed(f"torchao-pt2e left the weights in float32 here (torch {torch.__version__}, torchao "

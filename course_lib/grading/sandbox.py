@@ -57,12 +57,15 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 def python_folders() -> list[str]:
     """Where Python, its packages, torch and course_lib live: what the answer's code may read (real paths).
 
-    PYTHONPATH's folders count too (packages installed with pip --target live there); `denied`
+    PYTHONPATH's folders count too (packages installed with pip --target live there), except the
+    course's own folder and those above it: they hold solutions/ and its hidden tests. `denied`
     (the test set) still wins over any of them.
     """
+    course = os.path.join(str(PACKAGE.parent), "")
+    extra = [os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     folders = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, str(PACKAGE), os.devnull,
                *site.getsitepackages(), site.getusersitepackages(), str(Path(torch.__file__).parent.parent),
-               *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))}
+               *(p for p in extra if not course.startswith(os.path.join(p, "")))}
     return [os.path.realpath(p) for p in folders]
 
 
