@@ -15,9 +15,9 @@ import pytest
 
 import course_lib
 from conftest import needs_mnist
-from course_lib.grading import exercises, grade, kernel
-from course_lib.processes import alive
+from course_lib.grading import exercises, grade
 from nbtools import ROOT
+from test_processes import marker  # noqa: F401 - the fixture: nothing a test starts may outlive it
 
 SOLUTION = "\n    ### BEGIN SOLUTION\n    {}\n    ### END SOLUTION"
 HIDDEN = "\n### BEGIN HIDDEN TESTS\n{}\n### END HIDDEN TESTS"
@@ -76,22 +76,29 @@ def in_the_course_root(monkeypatch):
     monkeypatch.chdir(ROOT)
 
 
-def test_run_cells_survives_a_hang_and_leaves_no_process_behind():
-    """A cell that starts a detached process and a cell that hangs: the process is killed, later cells run."""
-    spawn = ("import subprocess, sys\n"
-             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
-             "print(p.pid)")
-    results = kernel.run_cells(["x = 1", spawn, "while True:\n    pass", "print(x + 1)"],
-                                     cell_timeout=10, total_timeout=300)
-    assert [r.status for r in results] == ["ok", "ok", "timeout", "ok"] and results[3].stdout == "2\n"
-    assert not alive(int(results[1].stdout)), "a process started by a cell outlived the grading kernel"
+def test_a_hang_and_a_detached_process_cost_one_test_and_leave_nothing_behind(toy, tmp_path, marker, monkeypatch):
+    """An answer that starts a detached process, one that hangs when called: the hang costs its test, a fresh
+    sandbox runs the tests after it, and nothing the student started outlives the grading."""
+    path, nb = toy
+    monkeypatch.setenv("COURSE_TEST_MARKER", marker)     # inherited by whatever the sandbox starts
+    sub = submission(tmp_path, nb, {
+        "toy_add": "import subprocess, sys\n"
+                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+                   "def add(a, b):\n    return a + b",
+        "toy_mul": "def mul(a, b):\n    while True:\n        pass"})
+    report = grade.grade(sub, path, cell_timeout=8)
+    assert report.points == {"toy_add_test": 1.0, "toy_mul_test": 0.0, "toy_sq_test": 3.0}, report.messages
+    assert report.status["toy_mul_test"] == "timeout"
 
 
-def test_run_cells_total_deadline_and_bad_timeouts():
-    results = kernel.run_cells(["import time\ntime.sleep(60)", "print(1)"], cell_timeout=100, total_timeout=20)
-    assert [r.status for r in results] == ["timeout", "not run"]
-    with pytest.raises(ValueError, match="timeout"):
-        kernel.run_cells(["1"], cell_timeout=0)
+def test_the_total_deadline_and_bad_timeouts(toy, tmp_path):
+    path, nb = toy
+    sub = submission(tmp_path, nb, {"toy_add": "import time\ntime.sleep(60)"})
+    report = grade.grade(sub, path, cell_timeout=100, timeout=15)
+    assert set(report.status.values()) <= {"not run", "died", "timeout"} and report.score == 0, report.status
+    assert report.seconds < 40
+    with pytest.raises(SystemExit):
+        grade.main([str(sub), "--source", str(path), "--cell-timeout", "0"])
 
 
 def test_toy_solution_full_points_and_student_version_zero(toy, tmp_path):
@@ -266,7 +273,7 @@ import course_lib.distributed.workers
 assert not [m for m in sys.modules if m.startswith("course_lib.grading")], "a technique module imported grading"
 import course_lib.grading.make_it_small, course_lib.grading.scale_out_harness, course_lib.grading.student
 import course_lib.checks.practicum_make_it_small, course_lib.checks.practicum_scale_out, course_lib.checks.nb05
-for name in ("course_lib.grade", "course_lib.exercises", "course_lib.grading.kernel"):
+for name in ("course_lib.grade", "course_lib.exercises"):
     try:
         __import__(name)
     except ImportError as exc:

@@ -51,30 +51,34 @@ def check_to_device(to_device) -> None:
 class _ScrambleWhenTraining(nn.Module):
     """Returns its input as logits in eval mode, reversed in train mode (like dropout: train-only).
 
-    Also records, for every call, whether autograd was recording.
+    Also records, for every call, whether autograd was recording and whether its input had been
+    moved with .to() (plain lists: the grader reads them back from the student's process).
     """
 
     def __init__(self):
         super().__init__()
         self.scale = nn.Parameter(torch.ones(()))
         self.grad_enabled: list[bool] = []
+        self.moved: list[bool] = []
 
     def forward(self, x):
         self.grad_enabled.append(torch.is_grad_enabled())
+        self.moved.append(isinstance(x, _Arrived))
         x = x * self.scale
         return x.flip(1) if self.training else x
 
 
-class _Moved(torch.Tensor):
-    """A tensor that remembers whether `.to()` was called on it (or on a tensor made from it)."""
+class _Arrived(torch.Tensor):
+    """A batch that went through `.to()`."""
 
-    moved = False
+
+class _Moved(torch.Tensor):
+    """A batch whose `.to()` returns an _Arrived tensor, so the model can tell whether it was moved."""
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "to":
-            cls.moved = True
-        return super().__torch_function__(func, types, args, kwargs or {})
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out.as_subclass(_Arrived) if getattr(func, "__name__", "") == "to" else out
 
 
 def check_evaluate_accuracy(evaluate_accuracy) -> None:
@@ -103,11 +107,11 @@ def check_evaluate_accuracy(evaluate_accuracy) -> None:
     expect(model.training, "the model was left in eval mode: restore the mode it had (model.train(was_training)), "
            "or the next training epoch runs without dropout.")
 
-    _Moved.moved = False
     tracked = [(xb.as_subclass(_Moved), yb.as_subclass(_Moved)) for xb, yb in loader]
     model.eval()
+    model.moved.clear()
     got = evaluate_accuracy(model, tracked, torch.device("cpu"))
-    expect(_Moved.moved, "the batches were never moved with .to(device): on a GPU the model would receive "
+    expect(model.moved and all(model.moved), "the batches were never moved with .to(device): on a GPU the model would receive "
            "CPU tensors and fail. Move x and y to `device` inside the loop.")
     expect(not model.training, "the model was in eval mode before; it should be in eval mode after")
     expect_close(float(got), expected, "accuracy (model already in eval mode)")

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+
 
 from . import expect, passed
 from ..distributed.collectives import count_traffic
-from ..distributed.launch import WorkerError, launch
+from ..distributed.launch import WorkerError
 from ..distributed.ring import ring_schedule
 from ..env import rank_device
-from ..grading.student import compile_source, student_source
+from ..grading.remote import StudentError
+from ..grading.student import compile_source, launch_source
 from ..models import max_diff
 
 WORLD_SIZES = (3, 2, 4)  # 3 first: on 2 ranks a naive all-reduce sends the same bytes as a ring
@@ -19,33 +20,38 @@ def _sizes(n: int) -> tuple:
     return (5 * n, 5 * n + 1, 7 * n + n - 1, 1000 + n)  # divisible, and remainders 1 and n-1
 
 
+def _input(rank: int, numel: int) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(17 * rank + numel))
+
+
 def ring_cases(rank: int, world_size: int, source: str, name: str) -> list:
-    """Worker: run the learner's all-reduce on each size; return what it did (errors, traffic)."""
+    """Worker: run the learner's all-reduce on each size; return what it did (the tensor, traffic).
+    The sums are checked by the caller, from the inputs it can make itself, not here beside the learner's code."""
     fn = compile_source(source, name)
     dev = rank_device()
     out = []
     for numel in _sizes(world_size):
-        g = torch.Generator().manual_seed(17 * rank + numel)
-        x = torch.randn(numel, generator=g).to(dev)
-        expected = x.clone()
-        dist.all_reduce(expected)
+        x = _input(rank, numel).to(dev)
         with count_traffic() as t:
             returned = fn(x)
-        returned_ok = isinstance(returned, torch.Tensor) and returned.shape == expected.shape and \
-            torch.allclose(returned, expected, atol=1e-5)
-        out.append({"numel": numel, "error": max_diff(x, expected), "returned_ok": returned_ok,
+        # numpy copies: a tensor would travel through shared memory that vanishes when the worker exits
+        out.append({"numel": numel, "tensor": x.detach().cpu().numpy().copy(),
+                    "returned": returned.detach().cpu().numpy().copy() if isinstance(returned, torch.Tensor) else None,
                     "bytes_sent": dict(t.bytes_sent), "collectives": dict(t.collective_calls)})
     return out
 
 
 def _run(fn, world_size: int) -> list:
     try:
-        return launch(ring_cases, world_size, student_source(fn), fn.__name__, timeout=90)
-    except WorkerError as e:
-        if "NotImplementedError" in e.remote_traceback:
+        return launch_source(ring_cases, world_size, fn, timeout=90)
+    except (WorkerError, StudentError) as e:   # StudentError: the launch ran in the grading sandbox
+        trace = getattr(e, "remote_traceback", None) or f"{e}\n{getattr(e, 'traceback', '')}"
+        if "NotImplementedError" in trace:
             raise NotImplementedError(f"{fn.__name__} is still the stub") from None
-        tail = "\n".join(e.remote_traceback.strip().splitlines()[-4:])
-        raise AssertionError(f"on {world_size} ranks, rank {e.rank} raised:\n{tail}") from None
+        if "TimeoutError" in trace.strip().splitlines()[0]:
+            raise TimeoutError from None
+        tail = "\n".join(str(e).strip().splitlines()[-4:])
+        raise AssertionError(f"on {world_size} ranks, {tail}") from None
     except TimeoutError:
         raise AssertionError(f"on {world_size} ranks the ranks hung: some rank waits for a message nobody sends "
                              "(or all ranks block in send at once: post isend before recv)") from None
@@ -57,16 +63,22 @@ def check_ring_all_reduce(fn) -> None:
         for rank, cases in enumerate(_run(fn, n)):
             for case in cases:
                 numel, where = case["numel"], f"on {n} ranks, {case['numel']} elements, rank {rank}"
+                expected = sum(_input(r, numel) for r in range(n))
+                got, returned = (torch.as_tensor(case[k]) if case[k] is not None else None for k in ("tensor", "returned"))
+                error = max_diff(got, expected) if isinstance(got, torch.Tensor) and got.shape == expected.shape \
+                    else float("inf")
+                returned_ok = isinstance(returned, torch.Tensor) and returned.shape == expected.shape and \
+                    torch.allclose(returned, expected, atol=1e-5)
                 used = sorted(case["collectives"])
                 expect(not used, f"{where}: you called dist.{', dist.'.join(used)}; build the all-reduce from "
                                  "dist.send/recv/isend/irecv only")
-                expect(case["error"] < 1e-4,
-                       f"{where}: the tensor differs from dist.all_reduce's sum by {case['error']:.3g}. "
+                expect(error < 1e-4,
+                       f"{where}: the tensor differs from dist.all_reduce's sum by {error:.3g}. "
                        + ("Is every element covered when the size is not divisible by the world size? "
                           "torch.tensor_split makes N chunks of any size." if numel % n else
                           "Work in place (tensor.copy_ / +=) and check which chunk you send at each step.")
                        + (" The returned value is right: write it into the tensor itself (in place)."
-                          if case["returned_ok"] else ""))
+                          if returned_ok else ""))
                 peers = {dst for (_, dst) in case["bytes_sent"]}
                 expect(peers <= {(rank + 1) % n} or peers <= {(rank - 1) % n},
                        f"{where}: rank {rank} sent to ranks {sorted(peers)}; in a ring each rank sends only to "

@@ -1,7 +1,10 @@
 """Everything that grades, sandboxes or generates exercises; not part of any technique.
 
     grade.py              python -m course_lib.grade: score a submitted notebook against its source
-    kernel.py             run cells in a fresh, private Jupyter kernel with deadlines (for grade)
+    remote.py             the grader's side of the sandbox: start it, run cells, call answers as proxies
+    answers.py            the sandbox's side: run the student's cells, answer calls with plain data
+    wire.py               what crosses between them: pickle in, plain data (weights_only) out
+    jail.py               run a command in Linux namespaces: read-only files, private /tmp, own PIDs, nobody
     exercises.py          python -m course_lib.exercises: the student notebooks from solutions/
     student.py            run a function written in a notebook cell on N ranks (launch_student)
     make_it_small.py      practicum "Make it small": the given model, measure, remeasure
@@ -11,6 +14,6 @@
 
 The rule: technique modules (course_lib.*, course_lib.distributed.*, course_lib.compression.*, ...)
 never import course_lib.grading; only the checks behind the notebooks (course_lib.checks) and the
-two command-line entry modules course_lib.grade and course_lib.exercises do. grade, kernel and
+two command-line entry modules course_lib.grade and course_lib.exercises do. grade and
 exercises need the grading extra (nbformat, nbclient, nbgrader): pip install 'course_lib[grading]'.
 """

@@ -2,17 +2,17 @@
 
     python -m course_lib.grade submission.ipynb                  # source: solutions/<same file name>
     python -m course_lib.grade submission.ipynb --json           # last line: {"score", "max_score", "points", ...}
+    python -m course_lib.grade submission.ipynb --report r.json  # the same object, in a file only the grader writes
     python -m course_lib.grade submission.ipynb --source /private/practicum_scale_out.ipynb
     COURSE_SOLUTIONS_DIR=/private/sources python -m course_lib.grade submission.ipynb
 
-The notebook that runs is built from the instructor's SOURCE (the solutions/ notebook, with
-hidden tests), not from the submission: every cell comes from the source except the answer cells
-(nbgrader `solution: true`), which are taken from the submission by `grade_id`. A deleted answer
-becomes a stub that raises; a duplicated one counts once (the last copy, as "Run all" would leave
-it); the order of the submission's cells and any cells the student added are ignored. It runs in
-a fresh kernel in a private temporary folder (course_lib.grading.kernel), with a deadline per cell
-and in total; a cell that hangs or kills the kernel scores 0 and the cells after it still run.
-A test cell earns its points when it ran to its end without an error. The source is found as:
+What runs is built from the instructor's SOURCE (the solutions/ notebook, with hidden tests), not
+from the submission: every cell comes from the source except the answer cells (nbgrader
+`solution: true`), which are taken from the submission by `grade_id`. A deleted answer becomes a
+stub that raises; a duplicated one counts once (the last copy, as "Run all" would leave it); the
+order of the submission's cells and any cells the student added are ignored. There is a deadline
+per cell and in total; a cell that hangs or crashes the sandbox scores 0 and the cells after it
+still run. A test cell earns its points when it ran to its end without an error. The source is found as:
 --source, else $COURSE_SOLUTIONS_DIR/<name>, else solutions/<name> under the current folder (run
 it from the course's root); if no file has the submission's name (a renamed download), the source
 notebook in that folder that holds its grade_ids. Needs the grading extra (nbformat, nbclient).
@@ -20,30 +20,35 @@ Exit status: 0 graded; 1 graded 0 because the submission is not a readable noteb
 malformed one: its shape is checked by course_lib.grading.validate_notebook before anything runs, and
 the report's error says in one line what is wrong and where); 2 no submission or no usable source.
 
-Threat model. Students run arbitrary code in the grading kernel, before the tests, so a
-determined student can always cheat (rewrite later cells with an IPython input transformer, patch
-torch, trace and alter the test's frames, edit course_lib on disk). What is defended:
-- tests, hidden tests and setup cells come from the source; nothing of the submission but the
-  answer cells runs, and the submission file is only read;
-- before every test cell all `course_lib` modules are dropped from sys.modules and the source's
-  import statements run again, so `def check_x(*a): pass`, `m.check_x = lambda f: None` or a
-  patched `course_lib.checks.expect` are replaced by fresh copies;
-- a test passes only if the kernel reports it ended without an error AND it printed a random
-  marker, unknown in advance, as its last statement: an overridden AssertionError, a silenced
-  traceback display, `sys.exit()` or a swallowed exception cannot turn a failing test into a pass;
-- `os._exit()`, crashes and infinite loops cost that cell's points only (a new kernel runs the rest);
-- solutions and hidden tests are never written where a student can read them: cells go to the
-  kernel as messages; its working folder, IPython dir and history (in memory) are private and deleted.
-Not defended: anything that rewrites or intercepts code in the kernel after the answers run.
+Trust boundary (the instructor guide's "What the grader protects against" says it for instructors):
+- the student's cells (the answer cells, with the source's setup cells) run in a sandbox process
+  (course_lib.grading.remote, course_lib.grading.answers) inside a jail where the machine allows it
+  (course_lib.grading.jail: read-only file system but a private folder, private /tmp, the source
+  notebook and the submission's folder hidden, own PID namespace, user nobody when the grader is root);
+- the test cells, hidden tests and check functions run HERE, in the grader's process, where no
+  student code ever ran; the answer's names (those the source's answer cells define) are proxies
+  that call into the sandbox and get plain data back (course_lib.grading.wire: never a pickled
+  student object), so nothing the student does can rewrite, skip or swap a test;
+- a test passes when its cell ran to its end here without an exception; a sandbox that hangs or
+  dies fails that test only (a fresh sandbox runs the cells again for the tests after it);
+- the student's output goes to the sandbox's own log, never to this process's stdout; the report
+  (--report FILE) is written by this process after every sandbox process is dead.
+What the student's code measures about itself (e.g. the bytes a ring all-reduce sent, counted in
+its own process) can still be faked by a determined student; what it returns is checked here.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import builtins
+import contextlib
+import io
 import json
 import os
-import secrets
+import signal
 import sys
+import tempfile
+import threading
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -54,14 +59,11 @@ try:
 except ImportError as exc:
     raise ImportError(f"grading needs nbformat and nbclient ({exc}): pip install 'course_lib[grading]'") from exc
 
-from .kernel import run_cells
+from . import jail
+from .remote import COURSE_ROOT, Sandbox, SandboxLost, StudentError, grading
 from .validate_notebook import notebook_problem
 
 SOLUTIONS_DIR = Path("solutions")   # relative: under the folder the grader runs in
-FRESH_MODULES = """import sys as _grader_sys
-[_grader_sys.modules.pop(_m) for _m in [_m for _m in _grader_sys.modules if _m.split(".")[0] == "course_lib"]]
-del _grader_sys
-"""
 
 
 @dataclass
@@ -79,6 +81,7 @@ class Report:
     notes: list = field(default_factory=list)      # about the submission's answer cells
     error: str = ""                                # the submission could not be read at all
     seconds: float = 0.0
+    sandbox: str = ""                              # what isolated the student's code (jail.describe())
 
 
 def _meta(cell) -> dict:
@@ -131,59 +134,188 @@ def find_source(submission: Path, nb=None, source=None) -> Path:
                                "or its grade_ids") + "); pass --source or set COURSE_SOLUTIONS_DIR")
 
 
-def _imports(cells) -> str:
-    """The top-level import statements of `cells` (setup code), to run again before each test."""
-    lines = []
-    for cell in cells:
-        code = "\n".join(ln for ln in cell.source.splitlines() if not ln.lstrip().startswith(("%", "!")))
-        try:
-            tree = ast.parse(code)
-        except SyntaxError:
-            continue
-        lines += [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-    return "\n".join(dict.fromkeys(lines))
+def defined_names(source: str) -> list[str]:
+    """The names a cell's top-level statements bind (def, class, =, import), in order."""
+    code = "\n".join(ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!")))
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names += [(a.asname or a.name).split(".")[0] for a in node.names]
+        else:
+            for target in getattr(node, "targets", None) or [getattr(node, "target", None)]:
+                names += [n.id for n in ast.walk(target) if isinstance(n, ast.Name)] if target else []
+    return list(dict.fromkeys(names))
 
 
-def build(source_nb, submission_nb, marker: str):
-    """(cell sources to run, [(index, grade_id, points)] of the test cells, [(index, grade_id)] of the
-    answer cells, notes about the answers)."""
+@dataclass
+class Plan:
+    """What runs where: `sandbox` cells (setup and answers, in order) run in the student's sandbox;
+    `trusted` cells (setup and tests, in order) run here; `names` are the answer's names to bind here."""
+
+    sandbox: list = field(default_factory=list)     # (source, grade_id or None for setup)
+    trusted: list = field(default_factory=list)     # (source, grade_id or None, points)
+    names: list = field(default_factory=list)
+    sources: dict = field(default_factory=dict)     # name -> the submission's code of the cells that define it
+    notes: list = field(default_factory=list)
+
+
+def build(source_nb, submission_nb) -> Plan:
+    """Split the source into sandbox and trusted cells, with the submission's answers in place."""
     answers = defaultdict(list)
     for cell in (submission_nb.cells if submission_nb is not None else []):
         if _meta(cell).get("grade_id"):
             answers[_meta(cell)["grade_id"]].append(cell)
-    sources, tests, notes, setup, answer_cells = [], [], [], [], []
+    plan, setup_names, answer_names = Plan(), set(dir(builtins)), []
     for cell in source_nb.cells:
         if cell.cell_type != "code":
             continue
         grade_id = _meta(cell).get("grade_id")
         if is_answer(cell):
+            answer_names += defined_names(cell.source)
             found = [c for c in answers.get(grade_id, []) if c.get("cell_type") == "code"]
             if not found:
-                notes.append(f"answer cell {grade_id!r} is missing from the submission (deleted, or its metadata lost)")
-                sources.append(f"raise NotImplementedError('answer cell {grade_id} is missing from the submission')")
+                plan.notes.append(f"answer cell {grade_id!r} is missing from the submission (deleted, or its "
+                                  "metadata lost)")
+                plan.sandbox.append((f"raise NotImplementedError('answer cell {grade_id} is missing from the "
+                                     "submission')", grade_id))
                 continue
             if len(found) > 1:
-                notes.append(f"answer cell {grade_id!r} appears {len(found)} times; the last one was graded")
-            answer_cells.append((len(sources), grade_id))
-            sources.append(found[-1].source)
+                plan.notes.append(f"answer cell {grade_id!r} appears {len(found)} times; the last one was graded")
+            plan.sandbox.append((found[-1].source, grade_id))
+            for name in defined_names(found[-1].source):
+                plan.sources[name] = (plan.sources.get(name, "") + "\n\n" + found[-1].source).strip()
         elif is_test(cell):
-            tests.append((len(sources), grade_id, float(_meta(cell).get("points", 0))))
-            sources.append(f"{FRESH_MODULES}{_imports(setup)}\n{cell.source}\nprint({marker!r}, flush=True)")
+            plan.trusted.append((cell.source, grade_id, float(_meta(cell).get("points", 0))))
+            setup_names.update(defined_names(cell.source))
         else:
-            setup.append(cell)
-            sources.append(cell.source)
-    return sources, tests, answer_cells, notes
+            plan.sandbox.append((cell.source, None))
+            plan.trusted.append((cell.source, None, 0.0))
+            setup_names.update(defined_names(cell.source))
+    # only names the instructor's answer cells define, never a check's, a setup cell's or a builtin's
+    plan.names = [n for n in dict.fromkeys(answer_names) if n not in setup_names]
+    return plan
 
 
-def _verdict(result, marker: str) -> tuple[str, str]:
-    if result.status == "ok" and marker in result.stdout:
+class _Deadline(BaseException):
+    """A trusted cell ran past its time limit."""
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float):
+    """Raise _Deadline in this (main) thread after `seconds`; elsewhere only the sandbox's deadline holds."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ring(*_):
+        raise _Deadline
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _hidden(source: Path, submission: Path) -> list:
+    """What the sandbox must not see: the source notebook, the solutions folder and other submissions
+    (a folder only when it does not hold the course, Python or the data, which the sandbox needs)."""
+    needed = [COURSE_ROOT, Path(sys.prefix).resolve(), Path(os.environ.get("COURSE_DATA_DIR") or COURSE_ROOT),
+              Path(tempfile.gettempdir()).resolve()]       # the sandbox's own folder is made there
+    hide = []
+    for path in (source.resolve(), submission.resolve()):
+        folder = path.parent
+        holds = any(n == folder or folder in n.parents for n in needed)
+        hide.append(path if holds else folder)
+    if os.environ.get("COURSE_SOLUTIONS_DIR"):
+        hide.append(Path(os.environ["COURSE_SOLUTIONS_DIR"]).resolve())
+    return list(dict.fromkeys(hide))
+
+
+class _Runner:
+    """The sandbox and the trusted namespace for one submission; restarts the sandbox when it is lost."""
+
+    def __init__(self, plan: Plan, folder: Path, hide: list, cell_timeout: float, deadline: float):
+        self.plan, self.folder, self.hide = plan, folder, hide
+        self.cell_timeout, self.deadline = cell_timeout, deadline
+        self.box, self.generation, self.skip, self.answer_errors = None, 0, {}, {}
+        self.ns = {"__name__": "__grading__", "__builtins__": builtins}
+
+    def left(self) -> float:
+        return min(self.cell_timeout, self.deadline - time.monotonic())
+
+    def sandbox(self) -> Sandbox:
+        """A live sandbox that has run the setup and answer cells (skipping any that hung or crashed it)."""
+        while self.box is None:
+            if self.deadline - time.monotonic() < 1:
+                raise SandboxLost("not run: the total time limit was reached")
+            if self.generation > len(self.plan.sandbox) + 2:   # every cell was blamed once: it cannot start
+                raise SandboxLost("the sandbox could not start (see the grader's notes)")
+            box = Sandbox(self.folder, self.hide, self.generation)
+            self.generation += 1
+            try:
+                for i, (source, grade_id) in enumerate(self.plan.sandbox):
+                    if i in self.skip:
+                        continue
+                    box.deadline = time.monotonic() + self.left()
+                    try:
+                        reply = box.run_cell(source)
+                    except SandboxLost as exc:
+                        self.skip[i] = str(exc)
+                        if grade_id:
+                            self.answer_errors[grade_id] = str(exc)
+                        raise
+                    if grade_id and reply.get("status") != "ok" and grade_id not in self.answer_errors:
+                        self.answer_errors[grade_id] = f"{reply.get('error')}: {str(reply.get('message'))[:300]}"
+                box.deadline = time.monotonic() + self.left()
+                values = box.get(self.plan.names)
+            except SandboxLost:
+                box.kill()
+                continue
+            for name, value in values.items():
+                if hasattr(value, "source") and type(value).__name__ == "Remote":
+                    object.__setattr__(value, "source", self.plan.sources.get(name))
+            for name in self.plan.names:
+                self.ns.pop(name, None)
+            self.ns.update(values)
+            self.box = box
+        return self.box
+
+    def run(self, source: str, grade_id) -> tuple[str, str]:
+        """Run a trusted cell here: (status, message)."""
+        try:
+            box = self.sandbox()
+        except SandboxLost as exc:
+            return ("not run" if "total time" in str(exc) else "died"), str(exc)
+        box.deadline = time.monotonic() + self.left()
+        try:
+            with _alarm(self.left() + 1), contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()):
+                exec(compile(source, f"<cell {grade_id or 'setup'}>", "exec"), self.ns)
+        except SandboxLost as exc:
+            self.box = None
+            return ("timeout" if "time limit" in str(exc) else "died"), str(exc)
+        except _Deadline:
+            self.close()
+            return "timeout", "the cell ran past its time limit"
+        except StudentError as exc:
+            return "failed", f"your code raised {exc}"
+        except Exception as exc:  # noqa: BLE001 - a failed check, whatever it raised
+            return "failed", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return "passed", ""
-    if result.status == "ok":
-        return "failed", "the test ended without its completion marker (was print or sys.stdout replaced?)"
-    if result.status == "error":
-        return "failed", result.error
-    return result.status, {"timeout": "the cell ran past its time limit", "died": "the kernel died in this cell",
-                           "not run": "not run: the total time limit was reached"}.get(result.status, "")
+
+    def close(self) -> None:
+        if self.box is not None:
+            self.box.close()
+            self.box = None
 
 
 def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float = 900.0) -> Report:
@@ -196,22 +328,31 @@ def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float =
     except ValueError as exc:
         sub_nb, error = None, str(exc)
     source = find_source(submission, sub_nb, source)
-    source_nb = read_notebook(source)
-    marker = f"course-grade-{secrets.token_hex(16)}"
-    sources, tests, answers, notes = build(source_nb, sub_nb, marker)
+    plan = build(read_notebook(source), sub_nb)
     # unreadable: the error says why in one line; "answer missing" notes for every cell would only hide it
-    report = Report(str(submission), str(source), notes=notes if sub_nb is not None else [], error=error)
-    results = run_cells(sources, cell_timeout, timeout) if sub_nb is not None else None
-    for index, grade_id in answers if results else []:
-        if results[index].status != "ok":
-            report.notes.append(f"answer cell {grade_id!r}: {_verdict(results[index], marker)[1][:200]}")
-    for index, grade_id, points in tests:
-        status, message = (_verdict(results[index], marker) if results
-                           else ("failed", "not run: the submission is not a readable notebook (see its error)"))
-        report.max_points[grade_id], report.status[grade_id] = points, status
-        report.points[grade_id] = points if status == "passed" else 0.0
-        if message:
-            report.messages[grade_id] = message.replace(marker, "<marker>")[:400]
+    report = Report(str(submission), str(source), notes=plan.notes if sub_nb is not None else [], error=error,
+                    sandbox=jail.describe())
+    tests = [(s, g, p) for s, g, p in plan.trusted if g]
+    if sub_nb is None:
+        for _, grade_id, points in tests:
+            report.max_points[grade_id], report.points[grade_id] = points, 0.0
+            report.status[grade_id] = "failed"
+            report.messages[grade_id] = "not run: the submission is not a readable notebook (see its error)"
+    else:
+        hide = _hidden(source, submission)
+        with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp, grading(hide):
+            runner = _Runner(plan, Path(tmp), hide, cell_timeout, start + timeout)
+            try:
+                for source_code, grade_id, points in plan.trusted:
+                    status, message = runner.run(source_code, grade_id)
+                    if grade_id:
+                        report.max_points[grade_id], report.status[grade_id] = points, status
+                        report.points[grade_id] = points if status == "passed" else 0.0
+                        if message:
+                            report.messages[grade_id] = message[:400]
+            finally:
+                runner.close()
+        report.notes += [f"answer cell {g!r}: {m[:200]}" for g, m in runner.answer_errors.items()]
     report.score, report.max_score = sum(report.points.values()), sum(report.max_points.values())
     report.seconds = round(time.monotonic() - start, 1)
     return report
@@ -238,6 +379,8 @@ def main(argv=None) -> int:
     p.add_argument("submission", help="the student's .ipynb")
     p.add_argument("--source", default=None, help="the instructor's notebook (default: see COURSE_SOLUTIONS_DIR)")
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
+    p.add_argument("--report", default=None, help="also write that JSON object to this file (atomically, once "
+                                                   "every process of the submission is dead)")
     p.add_argument("--cell-timeout", type=float, default=120.0, help="seconds per cell")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole notebook")
     args = p.parse_args(argv)
@@ -248,10 +391,21 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as exc:   # no submission, no source, or an unreadable source
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.report:
+        write_report(report, args.report)
     print(format_report(report))
     if args.json:
         print(json.dumps(asdict(report)))
     return 1 if report.error else 0
+
+
+def write_report(report: Report, path) -> None:
+    """The report as JSON at `path`, written whole or not at all (a temporary file, then a rename)."""
+    path = Path(path)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent or ".", prefix=f".{path.name}.", delete=False) as f:
+        json.dump(asdict(report), f)
+        f.write("\n")
+    os.replace(f.name, path)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,14 @@ training files), writes, sockets and new processes (see the sandbox's docstring)
 read the cached given model, a saved model or any data, and compress cannot read the test set. A
 decompressed model that computes exactly the given model's logits from
 fewer bytes than an fp16 copy needs is flagged (`same_as_given`): it got the weights from elsewhere.
+When grading, both processes also run jailed (course_lib.grading.jail: read-only files, a private
+folder, no view of the solutions), so native code that slips past the audit hook can still read
+only what the jail shows (the given model's cache included, where the grader's user can read it).
 Not defended: native code (ctypes, C extensions, torch's C++ readers such as torch.from_file or
-torch.jit.load) bypasses audit hooks; files planted by an answer cell, which runs unguarded in the
-grading kernel, in Python's or course_lib's folders; labels memorised from the public test set in a
-way that survives noise. The grader's threat model (`course_lib.grading.grade`) applies; for high stakes, grade
-in a container per submission and read the code of the top scores.
+torch.jit.load) bypasses audit hooks; outside grading, files planted by the notebook in Python's or
+course_lib's folders; labels memorised from the public test set in a way that survives noise. The
+grader's trust boundary (`course_lib.grading.grade`) applies; for high stakes, also read the code of
+the top scores.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ from ..checkpoint import load_checkpoint, save_checkpoint
 from ..compression.measure import serialized_bytes as saved_bytes  # noqa: F401 - an artifact's cost, for the notebook
 from ..env import quick_mode, seed_everything
 from ..models import LeNet300
+from .remote import is_remote
 from .sandbox import SECONDS, describe, load_artifact, python_folders, run_child  # noqa: F401 - SECONDS: the limits
 
 BUDGETS = (200_000, 100_000, 50_000)   # bytes (KB = 1000 bytes, as Deep Compression counts)
@@ -108,7 +112,12 @@ def given_model(root=None) -> nn.Module:
 
 def answer_source(*functions) -> str:
     """The code of the notebook cells that defined `functions`, in that order (IPython keeps every cell's
-    code in linecache under the file name its functions carry)."""
+    code in linecache under the file name its functions carry; the grader's proxies carry it themselves)."""
+    if all(is_remote(f) for f in functions):
+        sources = [f.source for f in functions]
+        if not all(sources):
+            raise ValueError("compress and decompress must be defined in the answer cells")
+        return "\n\n".join(dict.fromkeys(sources))
     files = [getattr(getattr(f, "__code__", None), "co_filename", None) for f in functions]
     if None in files:
         raise ValueError("compress and decompress must be plain functions (def) defined in the answer cells")

@@ -31,6 +31,7 @@ from ..distributed.launch import free_port
 from ..env import pick
 from ..processes import run_commands
 from ..validate import positive_int
+from .remote import student_command
 
 PACKAGE_ROOT = Path(course_lib.__file__).resolve().parent.parent   # the folder that holds course_lib/
 
@@ -134,8 +135,9 @@ def _launch(tmp: Path, here: Path, world_size: int, settings: dict, timeout: flo
     env = _env(prepend=[str(tmp / "site")], SCALE_OUT_AUDIT=str(audit))
     start = time.perf_counter()
     code, stdout, stderr, timed_out, attempt = _on_a_free_port(
-        lambda port, attempt: _torchrun(world_size, port, logs / str(attempt))
-        + [str(tmp / "train_ddp.py"), *_arguments(settings, out)], timeout, env=env, cwd=tmp)
+        lambda port, attempt: student_command(_torchrun(world_size, port, logs / str(attempt))
+                                              + [str(tmp / "train_ddp.py"), *_arguments(settings, out)], tmp),
+        timeout, env=env, cwd=tmp)
     run = DDPRun(code, timed_out, time.perf_counter() - start, settings, world_size, stdout + stderr)
     for stream in ("stdout", "stderr"):
         for path in (logs / str(attempt)).glob(f"*/attempt_*/*/{stream}.log"):
@@ -229,7 +231,7 @@ def run_probe(command, timeout: float = 60.0) -> tuple:
 
         def argv(port, attempt):
             commands.append(command(str(tmp / "probe.py"), port))
-            return commands[-1]
+            return student_command(commands[-1], tmp)
 
         code, out, err, timed_out, _ = _on_a_free_port(argv, timeout, env=_env(), cwd=tmp)
     finally:

@@ -16,6 +16,10 @@ torch.distributed for its rank itself, exactly as code under torchrun does:
 
 The function must be self-contained: only its own source travels (helpers it calls from other
 cells do not), and it can use torch, dist, math and whatever it imports itself.
+
+When the grader calls these with a student's function, `fn` is a proxy (course_lib.grading.remote)
+for a function that lives in the grading sandbox: the launch then happens in the sandbox, so every
+rank runs jailed, and only the ranks' results come back, as data.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import torch.distributed as dist
 
 from ..distributed.launch import launch
 from ..env import rank_device
+from .remote import is_remote
 
 
 def student_source(fn) -> str:
@@ -67,10 +72,19 @@ def run_source(rank: int, world_size: int, source: str, name: str, *args):
     return result.detach().cpu().numpy() if isinstance(result, torch.Tensor) else result
 
 
+def launch_source(worker, world_size: int, fn, *args, **launch_kwargs) -> list:
+    """launch(worker, world_size, the source of fn, fn's name, *args): `worker` compiles the source on each
+    rank (compile_source). In the grading sandbox when `fn` is a grader's proxy for a student's function."""
+    if is_remote(fn):
+        return fn._sandbox.library("course_lib.grading.student:launch_source", worker, world_size, fn, *args,
+                                   **launch_kwargs)
+    results = launch(worker, world_size, student_source(fn), fn.__name__, *args, **launch_kwargs)
+    return [torch.from_numpy(r) if isinstance(r, np.ndarray) else r for r in results]
+
+
 def launch_student(fn, world_size: int, *args, **launch_kwargs) -> list:
     """`launch` for a notebook-defined `fn(*args)`: returns its result on each rank, in rank order.
 
     launch_kwargs go to `launch` (backend, timeout, threads_per_rank).
     """
-    results = launch(run_source, world_size, student_source(fn), fn.__name__, *args, **launch_kwargs)
-    return [torch.from_numpy(r) if isinstance(r, np.ndarray) else r for r in results]
+    return launch_source(run_source, world_size, fn, *args, **launch_kwargs)

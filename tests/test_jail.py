@@ -1,0 +1,208 @@
+"""course_lib.grading.jail: what jailed code can and cannot do. Plain Python in the jail (no torch): fast.
+
+Every test runs a small program in the jail. As root, the default mode (root without capabilities,
+mounts locked) runs everywhere; nobody's mode runs with a Python that nobody may execute.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from course_lib.grading import jail
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+pytestmark = pytest.mark.skipif(jail.available() is not None, reason=f"no jail here: {jail.available()}")
+
+
+def jailed(code: str, work: Path, hide=(), user=False, python=sys.executable) -> subprocess.CompletedProcess:
+    """Run `code` with `python` jailed in `work`; user=True forces nobody's mode (root only)."""
+    argv = jail.wrap([python, "-c", textwrap.dedent(code)], work=work, hide=hide, user=False)
+    if user:
+        argv.insert(argv.index("--"), "--user")
+    return subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def nobody_python(tmp_path_factory):
+    """A Python that nobody can run jailed (the venv's may sit under /root); skip if none or not root."""
+    if os.geteuid() != 0:
+        pytest.skip("nobody's mode needs a root grader")
+    for python in dict.fromkeys([sys.executable, shutil.which("python3"), "/usr/bin/python3"]):
+        if python and jailed("pass", tmp_path_factory.mktemp("probe"), user=True, python=python).returncode == 0:
+            return python
+    pytest.skip("no Python that nobody may run")
+
+
+def sleepers(marker: str) -> list[int]:
+    """Live (not zombie) processes, anywhere on the host, whose command line holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def unique_sleep() -> str:
+    return f"1000.{uuid.uuid4().int % 10**12:012d}"   # `sleep 1000.<digits>`: a marker no one else has
+
+
+def test_exit_code_output_cwd_home_and_work_folder(tmp_path):
+    run = jailed("""
+        import os, sys
+        print(os.getcwd(), os.environ["HOME"])
+        open("result.txt", "w").write("kept")
+        sys.exit(7)
+    """, tmp_path)
+    assert run.returncode == 7, run.stderr
+    assert run.stdout.split() == [str(tmp_path), str(tmp_path)]
+    assert (tmp_path / "result.txt").read_text() == "kept"
+
+
+@pytest.mark.parametrize("target", ["course", "site-packages", "home"])
+def test_cannot_write_outside_the_work_folder(tmp_path, target):
+    folder = {"course": REPO / "course_lib", "site-packages": Path(sysconfig.get_paths()["purelib"]),
+              "home": Path.home()}[target]
+    probe = folder / f"jail_probe_{uuid.uuid4().hex}.pth"
+    run = jailed(f"""
+        import errno
+        try:
+            open({str(probe)!r}, "w")
+        except OSError as exc:
+            print(errno.errorcode[exc.errno])
+    """, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() in ("EROFS", "EACCES")
+    assert not probe.exists()
+
+
+def test_tmp_is_private(tmp_path):
+    outside = Path("/tmp") / f"jail_outside_{uuid.uuid4().hex}"
+    inside = Path("/tmp") / f"jail_inside_{uuid.uuid4().hex}"
+    outside.write_text("grader")
+    try:
+        run = jailed(f"""
+            import os
+            open({str(inside)!r}, "w").write("student")
+            print(os.path.exists({str(outside)!r}))
+        """, tmp_path)
+        assert (run.returncode, run.stdout.strip()) == (0, "False"), run.stderr
+        assert not inside.exists()
+    finally:
+        outside.unlink()
+
+
+def test_hidden_folder_and_file_look_empty(tmp_path):
+    folder, file = REPO / "solutions", REPO / "tests" / "conftest.py"   # what the grader would hide
+    run = jailed(f"""
+        import os
+        print(os.listdir({str(folder)!r}), repr(open({str(file)!r}).read()))
+    """, tmp_path, hide=[folder, file, REPO / "no such path"])
+    assert (run.returncode, run.stdout.strip()) == (0, "[] ''"), run.stderr
+    assert os.listdir(folder) and file.read_text()
+
+
+def test_runs_as_nobody_when_it_can(tmp_path):
+    if os.geteuid() != 0 or not jail.can_drop_user():
+        pytest.skip("nobody cannot run this Python (or not root)")
+    run = subprocess.run(jail.wrap([sys.executable, "-c", "import os; print(os.getuid())"], work=tmp_path),
+                         env=ENV, capture_output=True, text=True, timeout=60)
+    assert (run.returncode, run.stdout.strip()) == (0, "65534"), run.stderr
+
+
+def test_nobody_mode(tmp_path, nobody_python):
+    (tmp_path / "given.txt").write_text("from the grader")
+    run = jailed("""
+        import os
+        print(os.getuid(), os.getgid(), os.getgroups())
+        open("given.txt", "a").write(", answered")
+    """, tmp_path, user=True, python=nobody_python)
+    assert (run.returncode, run.stdout.strip()) == (0, "65534 65534 []"), run.stderr
+    assert (tmp_path / "given.txt").read_text() == "from the grader, answered"
+
+
+def test_processes_left_behind_die(tmp_path):
+    marker = unique_sleep()
+    run = jailed(f"""
+        import subprocess
+        subprocess.Popen(["sleep", {marker!r}], start_new_session=True)
+    """, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert sleepers(marker) == []
+
+
+def test_killing_the_jail_kills_everything_inside(tmp_path):
+    marker = unique_sleep()
+    code = f"import subprocess, time; subprocess.Popen(['sleep', {marker!r}]); print('ready', flush=True); time.sleep(1000)"
+    with subprocess.Popen(jail.wrap([sys.executable, "-c", code], work=tmp_path, user=False), env=ENV,
+                          stdout=subprocess.PIPE, text=True) as outer:
+        assert outer.stdout.readline().strip() == "ready"
+        assert sleepers(marker)
+        outer.kill()
+        outer.wait(timeout=30)
+    deadline = time.monotonic() + 30   # the parent-death signal reaches the jail asynchronously
+    while sleepers(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sleepers(marker) == []
+
+
+def test_signals_reach_the_command(tmp_path):
+    code = "import time; print('ready', flush=True); time.sleep(1000)"
+    with subprocess.Popen(jail.wrap([sys.executable, "-c", code], work=tmp_path, user=False), env=ENV,
+                          stdout=subprocess.PIPE, text=True) as outer:
+        assert outer.stdout.readline().strip() == "ready"
+        outer.terminate()
+        assert outer.wait(timeout=30) == 128 + 15
+
+
+def test_grader_processes_are_invisible(tmp_path):
+    run = jailed("import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", tmp_path)
+    assert (run.returncode, run.stdout.strip()) == (0, "[1, 2]"), run.stderr   # the reaper and this Python
+
+
+HIDDEN = REPO / "solutions"
+UNDO = f"""
+    import ctypes, errno
+    libc = ctypes.CDLL(None, use_errno=True)
+    def tried(result):
+        return "ok" if result == 0 else errno.errorcode[ctypes.get_errno()]
+    print(tried(libc.umount2(b"/tmp", 2)), tried(libc.umount2({str(HIDDEN).encode()!r}, 2)),
+          tried(libc.mount(None, b"/", None, 32 | 4096, None)), tried(libc.mount(None, b"/", None, 32, None)))
+    try:
+        open("/jail_probe", "w")
+    except OSError as exc:
+        print(errno.errorcode[exc.errno])
+"""   # unmount /tmp and the hidden folder, remount / read-write (bind, then whole), write to /
+
+
+def test_locked_mode_cannot_undo_the_jail(tmp_path):
+    run = jailed(UNDO, tmp_path, hide=[HIDDEN])
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["EPERM"] * 4 + ["EROFS"]
+
+
+def test_nobody_mode_cannot_undo_the_jail(tmp_path, nobody_python):
+    run = jailed(UNDO, tmp_path, hide=[HIDDEN], user=True, python=nobody_python)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["EPERM"] * 4 + ["EROFS"]
+
+
+def test_a_missing_command_is_exit_127(tmp_path):
+    argv = jail.wrap(["no-such-command-anywhere"], work=tmp_path, user=False)
+    run = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 127 and "jail: cannot run" in run.stderr
+
+
+def test_describe():
+    assert jail.describe().startswith("namespaces, read-only file system, private /tmp, own PID namespace, runs as ")
