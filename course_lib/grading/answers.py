@@ -29,23 +29,17 @@ import torch
 
 from . import wire
 
-_tracked: dict[int, object] = {}     # the grader's number -> our copy of its tensor / module / optimizer
+_tracked = wire.ADOPTED             # the grader's number -> our copy of its tensor / module / optimizer
 _state: dict[int, tuple] = {}        # number -> what the object looked like after the last reply
 _handles: list = []                  # handle number -> the student's object
 _graphs: dict[int, tuple] = {}       # graph number -> (outputs, inputs) kept for backward
-_seen: list = []                     # numbers of the grader's objects in the message being handled
+_seen = wire.SEEN                    # numbers of the grader's objects in the message being handled
 BUILTINS = {"len": len, "bool": bool, "repr": repr, "str": str, "int": int, "float": float, "index": int,
             "iter": lambda obj: list(_capped(obj)), "contains": lambda obj, item: item in obj,
             "getitem": lambda obj, key: obj[key], "setitem": lambda obj, key, value: obj.__setitem__(key, value)}
 MAX_ITEMS = 100_000
 
 
-def adopt(number: int, obj):
-    """A grader's object seen for the first time."""
-    _seen.append(number)
-    _tracked[number] = obj
-    _state[number] = _look(obj)
-    return obj
 
 
 def _look(obj):
@@ -218,6 +212,8 @@ def main() -> None:
             message = _Unpickler(io.BytesIO(frame)).load()    # may import modules: it can fail like a call
             if message["op"] == "bye":
                 return
+            for number in _seen:                              # how the grader's new objects look on arrival
+                _state.setdefault(number, _look(_tracked[number]))
             reply = handle(shell, message)
             reply["sync"] = _changes()
             buffer = io.BytesIO()

@@ -136,7 +136,16 @@ def _enter_user_namespace(uid: int, gid: int, flags: int) -> None:
             file.write(text)
 
 
-def _build_file_system(work: str, hide: list[str]) -> None:
+def _needed(command: list[str]) -> list[str]:
+    """What the command must still see: the course, its Python and PYTHONPATH, the data (real paths)."""
+    paths = [Path(__file__).resolve().parents[2], Path(command[0]).absolute().parent.parent,
+             Path(os.path.realpath(command[0])).parent.parent, Path(sys.base_prefix),
+             *map(Path, filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))),
+             *map(Path, filter(None, [os.environ.get("COURSE_DATA_DIR")]))]
+    return [os.path.realpath(p) for p in paths]
+
+
+def _build_file_system(work: str, hide: list[str], needed: list[str]) -> None:
     _mount("/", MS_REC | MS_PRIVATE)   # nothing mounted from here on shows outside
     # O_PATH now: after unshare (a bind needs a source in this namespace), before /tmp is covered
     work_fd = os.open(work, os.O_PATH | os.O_DIRECTORY)
@@ -147,8 +156,8 @@ def _build_file_system(work: str, hide: list[str]) -> None:
             except OSError as exc:   # an odd mount (EPERM in a container, say) stays as it is; "/" may not
                 if path == "/" or exc.errno not in (errno.EPERM, errno.EACCES, errno.EINVAL):
                     raise
-    for path in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(path):
+    for path in ("/tmp", "/var/tmp", "/dev/shm"):   # one that holds the course or Python stays read-only
+        if os.path.isdir(path) and not any(n.startswith(os.path.join(path, "")) for n in needed):
             _mount(path, MS_NOSUID | MS_NODEV, "tmpfs", "tmpfs", TMPFS)
     for folder, _, names in os.walk("/dev"):
         for path in (os.path.join(folder, name) for name in names):
@@ -249,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     os.close(parent_alive)
     try:   # PID 1 of the new namespace
         _die_with_parent(alive)
-        _build_file_system(args.work, args.hide)
+        _build_file_system(args.work, args.hide, _needed(command))
         _drop_privileges(args.work, uid, gid, nobody=args.user and uid == 0)
         _die_with_parent(alive)   # changing credentials cleared the parent-death signal
     except OSError as exc:
