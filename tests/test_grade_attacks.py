@@ -354,7 +354,8 @@ def _digest(path: Path) -> str:
 def disk_state() -> dict:
     """{path: sha256} of what a later grading reads: course_lib/, solutions/, site-packages start-up
     files and ~/.ipython."""
-    files = [p for folder in (PACKAGE, ROOT / "solutions", IPYTHON_DIR) for p in folder.rglob("*")]
+    files = [p for folder in (PACKAGE, ROOT / "solutions", IPYTHON_DIR) for p in folder.rglob("*")
+             if not p.name.startswith("history.sqlite")]   # any IPython on the machine writes its history there
     for folder in {*site.getsitepackages(), site.getusersitepackages()}:
         files += [p for pattern in ("*.pth", "sitecustomize.py", "usercustomize.py")
                   for p in Path(folder).glob(pattern)]

@@ -73,7 +73,8 @@ def describe() -> str:
     if (reason := available()) is not None:
         return f"none: {reason}"
     who = "as nobody" if can_drop_user() else f"as {'root' if os.geteuid() == 0 else 'its uid'} without capabilities"
-    return f"namespaces, read-only file system, private /tmp, own PID namespace, runs {who}"
+    tmp = "read-only /tmp" if any(n.startswith("/tmp/") for n in _needed([sys.executable])) else "private /tmp"
+    return f"namespaces, read-only file system, {tmp}, own PID namespace, runs {who}"
 
 
 def _argv(command, work, hide, user: bool) -> list[str]:
