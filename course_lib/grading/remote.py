@@ -224,7 +224,7 @@ class Sandbox:
     def close(self) -> None:
         """Say goodbye, then kill whatever is left (the student may have started processes)."""
         try:
-            self.proc.stdin.write(wire.to_sandbox({"op": "bye"}, {})[0])
+            self.proc.stdin.write(wire.to_sandbox({"op": "bye"}, {}))
             self.proc.stdin.flush()
             self.proc.wait(timeout=5)
         except Exception:  # noqa: BLE001 - it is killed below either way
@@ -257,7 +257,7 @@ class Sandbox:
         """Send `message`; the reply as a dict, its changes applied. SandboxLost on death or deadline.
         What the grader changed in objects it sent before goes along ("push"), so both sides agree."""
         push = [obj for number, obj in self.by_number.items() if self._looks(obj) != self.seen.get(number)]
-        frame, _ = wire.to_sandbox({**message, "push": push}, self.sent)
+        frame = wire.to_sandbox({**message, "push": push}, self.sent)
         for number, obj in self.sent.values():
             self.by_number[number] = obj
             self.seen[number] = self._looks(obj)

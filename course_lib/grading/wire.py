@@ -63,7 +63,7 @@ class _Pickler(pickle.Pickler):
 
     def __init__(self, file, sent: dict):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.sent, self.fresh, self.grad_inputs, self._inside, self._keep = sent, [], [], set(), []
+        self.sent, self.fresh, self._inside, self._keep = sent, [], set(), []
 
     def _plain(self, obj):
         """`obj` pickled as itself, untracked (a tensor's data or .grad)."""
@@ -80,8 +80,6 @@ class _Pickler(pickle.Pickler):
             return None
         number = self.sent[id(obj)][0]
         if isinstance(obj, torch.Tensor):
-            if obj.requires_grad:
-                self.grad_inputs.append((number, obj))
             return ("tensor", number, self._plain(obj.detach()), self._plain(obj.grad), obj.requires_grad)
         if isinstance(obj, torch.nn.Module):
             return ("module", number, vars(obj))     # its tensors and submodules update theirs over there
@@ -93,8 +91,6 @@ class _Pickler(pickle.Pickler):
         self._inside.add(id(obj))
         number = len(self.sent) + len(self.fresh)
         self.fresh.append((number, obj))
-        if isinstance(obj, torch.Tensor) and obj.requires_grad:
-            self.grad_inputs.append((number, obj))
         grad = self._plain(obj.grad) if isinstance(obj, torch.Tensor) else None   # pickling drops .grad
         return _adopt, (number, obj, grad)
 
@@ -112,9 +108,8 @@ def _adopt(number: int, obj, grad=None):
     return obj
 
 
-def to_sandbox(message, sent: dict) -> tuple[bytes, list]:
-    """Pickle `message`; record newly tracked objects in `sent` (id -> (number, obj)).
-    Returns (frame, [(number, tensor)] of the tensors in it that require grad)."""
+def to_sandbox(message, sent: dict) -> bytes:
+    """`message` pickled into a frame; newly tracked objects are recorded in `sent` (id -> (number, obj))."""
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, sent)
     try:
@@ -123,7 +118,7 @@ def to_sandbox(message, sent: dict) -> tuple[bytes, list]:
         raise TypeError(f"cannot send this argument to the student's code: {exc}") from None
     for number, obj in pickler.fresh:
         sent[id(obj)] = (number, obj)      # holding obj keeps its id from being reused
-    return pack(buffer.getvalue()), pickler.grad_inputs
+    return pack(buffer.getvalue())
 
 
 # --- sandbox -> grader ----------------------------------------------------------------------------
