@@ -403,12 +403,12 @@ def test_grading_the_solution_the_student_version_and_a_cheat(tmp_path, monkeypa
         else:
             assert report.max_score == 10 and set(report.points.values()) == {0.0}
             assert all("NotImplementedError" in m for m in report.messages.values())
-    # The first answer cell writes a TorchScript copy of the given model while it runs in the grading kernel,
-    # and defines both functions; the visible checks pass, the hidden ones zero every tier.
-    planted = tmp_path / "planted.pt"
-    cheat = answer("return {}", "return torch.jit.load(PATH)", top=f"""
+    # The first answer cell writes a TorchScript copy of the given model wherever it runs (the sandbox, then each
+    # fresh child: into its own working folder, the one place a jailed process may write, so the cheat works with
+    # and without a jail) and defines both functions; the visible checks pass, the hidden ones zero every tier.
+    cheat = answer("return {}", "return torch.jit.load(PATH)", top="""
         import os
-        PATH = {str(planted)!r}
+        PATH = "planted.pt"
         if not os.path.exists(PATH):
             from course_lib.grading.make_it_small import given_model
             torch.jit.save(torch.jit.script(given_model()), PATH)
