@@ -19,7 +19,7 @@ import torch
 
 from conftest import needs_mnist, write_idx
 from course_lib.checks import practicum_make_it_small as pm
-from course_lib.grading import grade, sandbox
+from course_lib.grading import grade, jail, sandbox
 from course_lib.grading import make_it_small as mis
 from course_lib.models import LeNet300
 from nbtools import ROOT
@@ -403,12 +403,14 @@ def test_grading_the_solution_the_student_version_and_a_cheat(tmp_path, monkeypa
         else:
             assert report.max_score == 10 and set(report.points.values()) == {0.0}
             assert all("NotImplementedError" in m for m in report.messages.values())
-    # The first answer cell writes a TorchScript copy of the given model wherever it runs (the sandbox, then each
-    # fresh child: into its own working folder, the one place a jailed process may write, so the cheat works with
-    # and without a jail) and defines both functions; the visible checks pass, the hidden ones zero every tier.
-    cheat = answer("return {}", "return torch.jit.load(PATH)", top="""
+    # The first answer cell writes a TorchScript copy of the given model while it runs in the grading sandbox,
+    # and defines both functions; decompress loads that copy. Without a jail the visible checks pass and the
+    # hidden ones see the given model's exact logits; with one, the measuring child cannot see the sandbox's
+    # files (nor the training data that would retrain the model), so the round trip fails. Zero either way.
+    planted = tmp_path / "planted.pt"
+    cheat = answer("return {}", "return torch.jit.load(PATH)", top=f"""
         import os
-        PATH = "planted.pt"
+        PATH = {str(planted)!r}
         if not os.path.exists(PATH):
             from course_lib.grading.make_it_small import given_model
             torch.jit.save(torch.jit.script(given_model()), PATH)
@@ -416,7 +418,8 @@ def test_grading_the_solution_the_student_version_and_a_cheat(tmp_path, monkeypa
     sub = submission(tmp_path, {"pr_small_compress": cheat, "pr_small_decompress": ""})
     report = grade.grade(sub, ROOT / "solutions" / NAME)
     assert set(report.points.values()) == {0.0}, grade.format_report(report)
-    assert "found the weights somewhere else" in report.messages["pr_small_50kb_test"]
+    if not jail.available():
+        assert "found the weights somewhere else" in report.messages["pr_small_50kb_test"]
     print(f"\ngrading in quick mode took {seconds['solution']:.0f} s (solution) and {seconds['student version']:.0f} s "
           "(student version) on this machine; target < 60 s on a quiet 2-core CPU")
     assert seconds["solution"] < 600     # loose: timing on a shared machine is noisy
