@@ -418,7 +418,7 @@ def test_grading_the_solution_the_student_version_and_a_cheat(tmp_path, monkeypa
     sub = submission(tmp_path, {"pr_small_compress": cheat, "pr_small_decompress": ""})
     report = grade.grade(sub, ROOT / "solutions" / NAME)
     assert set(report.points.values()) == {0.0}, grade.format_report(report)
-    if not jail.available():
+    if jail.available() is not None:     # a reason: no jail here
         assert "found the weights somewhere else" in report.messages["pr_small_50kb_test"]
     print(f"\ngrading in quick mode took {seconds['solution']:.0f} s (solution) and {seconds['student version']:.0f} s "
           "(student version) on this machine; target < 60 s on a quiet 2-core CPU")
