@@ -18,12 +18,21 @@ def save_checkpoint(path, state: dict) -> Path:
     """Atomically write `state` (a dict of tensors/state_dicts/plain values) to `path`."""
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict; got {type(state).__name__}")
+    return _atomic(path, lambda f: torch.save(state, f))
+
+
+def atomic_write_bytes(path, data: bytes) -> Path:
+    """Write `data` to `path` so that a reader sees the old file or the whole new one, never half."""
+    return _atomic(path, lambda f: f.write(data))
+
+
+def _atomic(path, write) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from .precision import autocast, check_precision, grad_scaler
@@ -117,19 +118,24 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
     off = not progress or os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
     for i, (x, y) in enumerate(tqdm(batches, desc=desc, leave=False, total=n_batches,
                                     **({"disable": True} if off else {})), start=skip_batches + 1):
-        x, y = _to((x, y), device)
+        with record_function("copy to device"):
+            x, y = _to((x, y), device)
         optimizer.zero_grad(set_to_none=True)
-        with autocast(precision, device):
+        with record_function("forward"), autocast(precision, device):    # the names a trace shows (course_lib.trace)
             loss = loss_fn(model(x), y)
         stepped = True
         if scaler is None:
-            loss.backward()
-            optimizer.step()
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer"):
+                optimizer.step()
         else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)           # unscales; skips the step if a gradient is inf/nan
-            scale = scaler.get_scale()
-            scaler.update()
+            with record_function("backward"):
+                scaler.scale(loss).backward()
+            with record_function("optimizer"):
+                scaler.step(optimizer)           # unscales; skips the step if a gradient is inf/nan
+                scale = scaler.get_scale()
+                scaler.update()
             stepped = scaler.get_scale() >= scale   # a skipped step halved the scale
         if scheduler is not None and stepped:
             scheduler.step()

@@ -1,0 +1,30 @@
+"""course_lib.show: a lecture displays the library's real source, headed by where it lives."""
+import functools
+
+import pytest
+
+from course_lib.distributed import ddp
+from course_lib.show import show_source, source_of
+
+
+def test_source_is_the_real_code_with_its_repository_path(capsys):
+    show_source(ddp.FlatDDP)
+    out = capsys.readouterr().out
+    assert out.startswith("# course_lib/distributed/ddp.py, line ")
+    assert "class FlatDDP(nn.Module):" in out and "dist.all_reduce(flat)" in out
+    assert "/work" not in out and "site-packages" not in out
+
+
+def test_methods_are_dedented_docstrings_can_be_skipped_and_partials_show_their_function():
+    text = source_of(ddp.FlatDDP.sync_gradients)
+    assert text.startswith("def sync_gradients(self)")
+    short = source_of(ddp.FlatDDP, skip_docstring=True)
+    assert '"""' not in short.splitlines()[1] and "def sync_gradients" in short
+    assert source_of(functools.partial(ddp.shard_indices, 10)).startswith("def shard_indices(")
+
+
+def test_bad_input_says_what_is_allowed():
+    with pytest.raises(TypeError, match="function, method, class or module"):
+        source_of(3)
+    with pytest.raises(TypeError, match="at least one"):
+        show_source()
