@@ -38,6 +38,8 @@ OTHER = ("other", "#BBBBBB")
 def kind_of(name: str) -> str:
     """forward / backward / optimizer / data / comm / copy / cast / other, from an event's name."""
     low = name.lower()
+    if "copy_out" in low or "copy_in" in low:      # FSDP::all_gather_copy_out: a local copy around a collective
+        return "copy"
     if any(w.lower() in low for w in COMM_WORDS):
         return "comm"
     for key, (kind, _) in KINDS.items():

@@ -66,7 +66,7 @@ def test_merge_puts_ranks_on_one_clock_and_overlap_is_interval_arithmetic():
 @pytest.mark.parametrize("name, kind", [("gloo:all_reduce", "comm"), ("nccl:all_reduce", "comm"),
                                         ("c10d::allreduce_", "comm"), ("forward", "forward"),
                                         ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "data"),
-                                        ("copy to device", "copy"), ("Memcpy HtoD (Pageable -> Device)", "copy"),
+                                        ("copy to device", "copy"), ("FSDP::all_gather_copy_out (0)", "copy"), ("Memcpy HtoD (Pageable -> Device)", "copy"),
                                         ("aten::mm", "other")])
 def test_kind_of(name, kind):
     assert trace.kind_of(name) == kind
