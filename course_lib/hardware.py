@@ -1,15 +1,20 @@
-"""What the hardware can do: measured matmul FLOP/s against an estimated peak.
+"""What the hardware can do: measured matmul FLOP/s and memory bandwidth against estimated peaks.
 
 A matmul of two n x n matrices costs 2*n^3 floating-point operations (n^3 multiply-adds), so
 timing one gives the achieved FLOP/s. Comparing it with the peak (cores x clock x FLOPs per
 cycle on a CPU, the datasheet on a GPU) says how much of the machine a program really uses.
+Copying a tensor far larger than the caches gives the memory bandwidth, the other roof of the
+roofline (`course_lib.roofline`).
 
-    from course_lib.hardware import measure_matmul_gflops, estimate_peak_gflops
+    from course_lib.hardware import measure_matmul_gflops, estimate_peak_gflops, measure_bandwidth_gbs
     measure_matmul_gflops(n=1024)            # e.g. 120.0 (GFLOP/s, median of repeats)
     peak, why = estimate_peak_gflops("cpu")  # value (or None) and how it was found
+    measure_bandwidth_gbs()                  # e.g. 12.0 (GB/s, a 64 MiB copy)
+    peak_flops("cpu")                        # Peak(flops=1.2e11, source="measured: ...") for MFU
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -29,6 +34,13 @@ class PeakEstimate(NamedTuple):
 
     gflops: float | None
     explanation: str
+
+
+class Peak(NamedTuple):
+    """The FLOP/s that MFU divides by, and where the figure came from."""
+
+    flops: float
+    source: str
 
 
 class LoopVsVector(NamedTuple):
@@ -63,6 +75,46 @@ def measure_matmul_gflops(n: int = 1024, dtype=torch.float32, device="cpu", repe
     b = torch.randn(n, n, device=device).to(dtype)
     seconds = time_fn(lambda: a @ b, device, repeats=repeats, warmup=1)  # synchronizes on a GPU
     return 2 * n**3 / seconds / 1e9
+
+
+def measure_bandwidth_gbs(nbytes: int = 64 * 2**20, device="cpu", repeats: int = 5) -> float:
+    """Memory bandwidth in GB/s (1e9 bytes/s): copy an fp32 tensor of `nbytes` bytes into another.
+
+    A copy reads `nbytes` and writes `nbytes` and does no arithmetic, so 2*nbytes / median seconds
+    is the rate at which memory feeds the cores (STREAM's "copy" convention). The default 64 MiB
+    is far larger than a CPU's caches: smaller tensors measure the cache instead.
+    """
+    positive_int("nbytes", nbytes)
+    positive_int("repeats", repeats)
+    device = get_device(str(device))
+    src = torch.ones(max(nbytes // 4, 1), device=device)
+    dst = torch.empty_like(src)
+    seconds = time_fn(lambda: dst.copy_(src), device, repeats=repeats, warmup=1)
+    return 2 * src.numel() * 4 / seconds / 1e9
+
+
+def peak_flops(device="cpu", dtype=torch.float32) -> Peak:
+    """The peak FLOP/s to divide by for MFU: a known GPU's datasheet figure, else a measured matmul.
+
+    A CPU's peak is measured (1024 x 1024 matmuls, as `measure_matmul_gflops`): the ISA estimate
+    is an upper bound that the CPU rarely reaches. Measured once per process, device and dtype
+    (about 0.1-0.3 s on a laptop), then cached. `source` says "measured: ..." or "estimated: ...".
+    """
+    _check_dtype(dtype)
+    return _peak_flops(get_device(str(device)), dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _peak_flops(device: torch.device, dtype) -> Peak:
+    if device.type == "cuda":
+        sheet = gpu_peak_from_name(torch.cuda.get_device_name(device), dtype)
+        if sheet.gflops is not None:
+            return Peak(sheet.gflops * 1e9, f"estimated: {sheet.explanation}")
+    n = 1024 if device.type == "cpu" else 4096     # a GPU needs a larger matmul to fill its cores
+    # the best of 3 single timings: a peak is what the device reaches when nothing disturbs it
+    gflops = max(measure_matmul_gflops(n, dtype, device, repeats=1) for _ in range(3))
+    where = f"the CPU with {torch.get_num_threads()} torch thread(s)" if device.type == "cpu" else str(device)
+    return Peak(gflops * 1e9, f"measured: the best of 3 {n}x{n} {dtype} matmuls on {where}")
 
 
 def _lscpu() -> str:

@@ -14,7 +14,16 @@ A thin script over the training loop (`course_lib.loop.fit`): the launch is behi
 state dicts), and checkpoints behind one component, `course_lib.checkpoint.Checkpointer`. It reads
 RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun) and logs from rank 0 only. With --json the last
 stdout line is a JSON object (test_accuracy, train_seconds, images_per_second, world_size,
-device, ...); under DDP images_per_second is the sum over ranks and --batch-size is per rank.
+device, mfu, ...); under DDP images_per_second is the sum over ranks and --batch-size is per rank.
+
+MFU (model FLOPs utilisation, `course_lib.flops`): model_flops_per_image is the forward + backward
+FLOPs of one training step per image, counted by torch's FlopCounterMode on one batch (matmuls and
+convolutions only, 2 FLOPs per multiply-add; elementwise work, the loss and the optimizer are not
+counted). achieved_flops = model_flops_per_image * images_per_second (the timed training epochs);
+mfu = achieved_flops / peak_flops. peak_flops comes from `hardware.peak_flops` and peak_source says
+how: "estimated: datasheet ..." for a GPU in the course's table, else "measured: ..." matmul FLOP/s
+on this machine (fp32, or the --precision dtype). Under ddp/fsdp all three are global: achieved and
+peak are sums over the ranks (each rank measures the peak of its own device, or share of the CPU).
 
 --strategy ddp (under torchrun): gloo on CPU, nccl on cuda:LOCAL_RANK; torch's
 DistributedDataParallel; each rank trains on its own shard of the data each epoch
@@ -196,6 +205,7 @@ def _train(args, strategy, on_step_end=None) -> dict:
                   on_step_end=step_end, on_epoch_end=ckpt.on_epoch_end if ckpt else None,
                   precision=args.precision, scaler=scaler)
     test_loss, test_acc = evaluate(model, test_loader, device)
+    images_per_second = strategy.sum(history.mean_images_per_second)   # the whole job: the sum over ranks
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
             "strategy": args.strategy, "precision": args.precision, "world_size": info.world_size,
             "memory_format": "channels_last" if memory_format is torch.channels_last else "contiguous",   # as the flag
@@ -206,9 +216,33 @@ def _train(args, strategy, on_step_end=None) -> dict:
             "train_seconds": round(history.train_seconds, 3),
             "epoch_seconds": [round(t, 3) for t in history.epoch_seconds],       # this run's epochs, in order
             "epoch_test_accuracy": [round(a, 6) for a in history.val_accuracy],
-            # throughput of the whole job: the sum over ranks
-            "images_per_second": round(strategy.sum(history.mean_images_per_second), 1),
-            "images_per_second_note": "sum over ranks" if strategy.distributed else "one process"}
+            "images_per_second": round(images_per_second, 1),
+            "images_per_second_note": "sum over ranks" if strategy.distributed else "one process",
+            **model_flops_utilisation(args, strategy, images_per_second)}
+
+
+def model_flops_utilisation(args, strategy, images_per_second: float) -> dict:
+    """The summary's MFU keys (see the module docstring); global under ddp/fsdp: sums over the ranks.
+
+    FLOPs are counted on a fresh model on the meta device (no memory, no random numbers drawn, the
+    trained model untouched); every rank measures its peak (cached per process), then it is summed.
+    """
+    from .flops import mfu, training_flops_per_image
+    from .hardware import peak_flops
+    from .models import build_model
+
+    with torch.device("meta"):
+        counted = build_model(args.model)
+    per_image = training_flops_per_image(counted, args.batch_size)
+    peak = peak_flops(strategy.device, check_precision(args.precision, strategy.device) or torch.float32)
+    total_peak = strategy.sum(peak.flops)
+    achieved = per_image * images_per_second          # 0 when no epoch was run (resumed at the end): mfu None
+    return {"model_flops_per_image": per_image, "achieved_flops": round(achieved, 1),
+            "peak_flops": round(total_peak, 1),
+            "peak_source": peak.source + (f"; per rank, summed over {strategy.info.world_size} ranks"
+                                          if strategy.distributed else ""),
+            "mfu": round(mfu(per_image, images_per_second, total_peak), 6) if images_per_second > 0 else None,
+            "mfu_note": "sums over ranks" if strategy.distributed else "one process"}
 
 
 def main(argv=None, on_step_end=None) -> int:
@@ -225,6 +259,10 @@ def main(argv=None, on_step_end=None) -> int:
         return 0
     print(f"test accuracy {100 * summary['test_accuracy']:.2f}% on {summary['test_samples']:,} images after "
           f"{summary['train_seconds']:.1f} s of training ({summary['images_per_second']:,.0f} images/s)")
+    if summary["mfu"] is not None:
+        print(f"MFU {100 * summary['mfu']:.1f}%: {summary['achieved_flops'] / 1e9:.2f} GFLOP/s of model FLOPs "
+              f"({summary['model_flops_per_image'] / 1e6:.2f} MFLOP per image) out of "
+              f"{summary['peak_flops'] / 1e9:,.0f} GFLOP/s ({summary['peak_source']})")
     if args.json:
         print(json.dumps(summary))
     return 0

@@ -96,3 +96,49 @@ def test_loop_vs_vectorised_restores_threads():
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="repeats"):
         loop_vs_vectorised(n=10, repeats=0)
+
+
+def test_measure_bandwidth_counts_a_read_and_a_write(monkeypatch):
+    monkeypatch.setattr(hardware, "time_fn", lambda fn, device, repeats, warmup: 0.25)
+    assert hardware.measure_bandwidth_gbs(nbytes=4 * 2**20, repeats=1) == pytest.approx(2 * 4 * 2**20 / 0.25 / 1e9)
+
+
+def test_measure_bandwidth_runs_small_and_refuses_bad_input():
+    assert hardware.measure_bandwidth_gbs(nbytes=2**16, repeats=2) > 0
+    for kwargs, name in (({"nbytes": 0}, "nbytes"), ({"repeats": 0}, "repeats"), ({"device": "tpu"}, "device")):
+        with pytest.raises(ValueError, match=name):
+            hardware.measure_bandwidth_gbs(**kwargs)
+
+
+def test_peak_flops_on_the_cpu_is_measured_once_per_process(monkeypatch):
+    calls = []
+
+    def fake_measure(n, dtype, device, repeats):
+        calls.append(n)
+        return 100.0 + len(calls)              # best of 3: 103 GFLOP/s
+    monkeypatch.setattr(hardware, "measure_matmul_gflops", fake_measure)
+    hardware._peak_flops.cache_clear()
+    try:
+        peak = hardware.peak_flops("cpu")
+        assert peak.flops == pytest.approx(103e9) and peak.source.startswith("measured:") and calls == [1024] * 3
+        assert hardware.peak_flops("cpu") is peak and len(calls) == 3          # cached
+    finally:
+        hardware._peak_flops.cache_clear()
+
+
+def test_peak_flops_of_a_known_gpu_is_its_datasheet(monkeypatch):
+    monkeypatch.setattr(hardware, "get_device", lambda name: torch.device("cuda", 0))
+    monkeypatch.setattr(hardware.torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    hardware._peak_flops.cache_clear()
+    try:
+        peak = hardware.peak_flops("cuda", torch.bfloat16)
+        assert peak.flops == pytest.approx(989.4e12) and peak.source.startswith("estimated: datasheet")
+    finally:
+        hardware._peak_flops.cache_clear()
+
+
+def test_peak_flops_bad_input():
+    with pytest.raises(ValueError, match="dtype"):
+        hardware.peak_flops("cpu", dtype=torch.int8)
+    with pytest.raises(ValueError, match="device"):
+        hardware.peak_flops("gpu")

@@ -160,6 +160,43 @@ def test_cli_json_summary():
     assert summary["memory_format"] == "contiguous"      # auto, for an MLP; named as --memory-format names it
     assert len(summary["epoch_seconds"]) == len(summary["epoch_test_accuracy"]) == 1
     assert summary["epoch_test_accuracy"][-1] == summary["test_accuracy"] and summary["compile"] is False
+    assert {"model_flops_per_image", "achieved_flops", "peak_flops", "peak_source", "mfu"} <= set(summary)
+    assert "MFU" in result.stdout
+
+
+@needs_mnist
+def test_mfu_of_net_is_its_hand_counted_flops_times_images_per_second_over_the_peak():
+    """`python -m course_lib.train --epochs 1 --json` reports MFU; checked in-process (train.run) on Net."""
+    from test_flops import net_flops_by_hand
+
+    summary = train.run(train.build_parser().parse_args(["--epochs", "1", "--train-subset", "512", "--no-progress"]))
+    assert summary["model_flops_per_image"] == pytest.approx(net_flops_by_hand()["training"], rel=0.01)
+    assert summary["achieved_flops"] == pytest.approx(summary["model_flops_per_image"] * summary["images_per_second"],
+                                                      rel=1e-3)
+    assert 0 < summary["mfu"] <= 1
+    assert summary["mfu"] == pytest.approx(summary["achieved_flops"] / summary["peak_flops"], rel=1e-3)
+    expected_source = "estimated: datasheet" if torch.cuda.is_available() else "measured:"   # H100/H200 are in the table
+    assert summary["peak_source"].startswith(expected_source) and summary["mfu_note"] == "one process"
+
+
+def test_mfu_under_ddp_is_global_sums_over_the_ranks():
+    """Each rank measures its own peak; the strategy sums peaks over the ranks, as it sums images/s."""
+    from types import SimpleNamespace
+
+    class TwoRanks:
+        device, distributed, info = torch.device("cpu"), True, SimpleNamespace(world_size=2)
+
+        @staticmethod
+        def sum(value):
+            return 2 * value
+    args = SimpleNamespace(model="net", batch_size=64, precision="32")
+    one = train.model_flops_utilisation(args, SimpleNamespace(device=torch.device("cpu"), distributed=False,
+                                                              sum=lambda v: v), 1000.0)
+    two = train.model_flops_utilisation(args, TwoRanks, 2000.0)      # images/s already summed over 2 ranks
+    assert two["peak_flops"] == pytest.approx(2 * one["peak_flops"], rel=1e-6)      # the per-process peak is cached
+    assert two["mfu"] == pytest.approx(one["mfu"], rel=1e-3) and two["mfu_note"] == "sums over ranks"
+    assert two["peak_source"].endswith("summed over 2 ranks")
+    assert train.model_flops_utilisation(args, TwoRanks, 0.0)["mfu"] is None       # no epoch run (resumed at the end)
 
 
 @needs_mnist
