@@ -5,10 +5,10 @@ import matplotlib
 import pytest
 import torch
 
-from course_lib import bench
+from course_lib import activations, bench, trace
 from course_lib.distributed import sharding
 from course_lib.distributed.launch import launch
-from course_lib.distributed.sharding_workers import measure_sharding, shard_friendly_mlp
+from course_lib.distributed.sharding_workers import measure_sharding, shard_friendly_mlp, trace_fsdp
 
 matplotlib.use("Agg")
 
@@ -31,6 +31,30 @@ def test_zero_memory_components(stage):
     assert sharding.zero_memory(psi, n, stage, 8)["total"] < m["total"]
 
 
+def test_activations_add_to_every_stage_unsharded():
+    """7B (Ψ = 7e9) on 8 ranks, ZeRO-3: 16Ψ/8 = 14 GB of states; + the Korthikanti estimate for
+    s = 2048, b = 1, h = 4096, a = 32, 32 layers: 32 x 2048·4096·(34 + 80) = 30.6 GB without recompute."""
+    acts = activations.transformer_activation_bytes(2048, 1, 4096, 32, 32)
+    assert acts == 32 * 956_301_312
+    for stage in range(4):
+        plain, with_acts = sharding.zero_memory(7e9, 8, stage), sharding.zero_memory(7e9, 8, stage, activations=acts)
+        assert plain["activations"] == 0 and with_acts["activations"] == acts
+        assert with_acts["total"] == pytest.approx(plain["total"] + acts)
+    assert round(sharding.zero_memory(7e9, 8, 3, activations=acts)["total"] / 1e9, 1) == 14.0 + 30.6
+    full = activations.transformer_activation_bytes(2048, 1, 4096, 32, 32, "full")
+    assert round(sharding.zero_memory(7e9, 8, 3, activations=full)["total"] / 1e9, 2) == 14.0 + 0.54
+
+
+def test_plot_with_activations_stacks_states_and_activations():
+    import matplotlib.pyplot as plt
+
+    ax = sharding.plot_zero_with_activations(7e9, 8, {"none": 30e9, "full": 1e9})
+    bars = ax.patches
+    assert len(bars) == 4 * 2 * 2                      # 4 stages x 2 variants x (states, activations)
+    assert max(b.get_height() for b in bars) == pytest.approx(112.0)   # DDP's states: 16 x 7
+    plt.close("all")
+
+
 def test_zero_communication_is_ddp_volume_until_stage_3():
     ddp = sharding.zero_communication(1e6, 4, 0)
     assert ddp == pytest.approx(2 * 3 / 4 * 1e6)
@@ -45,6 +69,9 @@ def test_zero_communication_is_ddp_volume_until_stage_3():
     (lambda: sharding.zero_memory(100, 0, 1), "world_size"),
     (lambda: sharding.zero_memory(100, 2, 1, k=0), "k"),
     (lambda: sharding.zero_communication(100, 2, -1), "stage"),
+    (lambda: sharding.zero_memory(100, 2, 1, activations=-1), "activations"),
+    (lambda: sharding.zero_memory(100, 2, 1, activations="1GB"), "activations"),
+    (lambda: sharding.plot_zero_with_activations(100, 2, {}), "activations"),
     (lambda: sharding.shard_range(10, 4, 4), "rank"),
     (lambda: sharding.shard_range(0, 0, 4), "n"),
 ])
@@ -129,3 +156,24 @@ def test_sharding_benchmark_quick(capsys):
     assert summary["zero1_state_ratio"] == pytest.approx(0.5, rel=0.05)
     assert summary["fsdp_param_ratio"] == pytest.approx(0.5, rel=0.05)
     assert summary["zero1_max_weight_diff"] < 1e-6 and summary["fsdp_max_loss_diff"] < 1e-5
+
+
+def test_fsdp_trace_holds_all_gathers_and_reduce_scatters(tmp_path):
+    """2 ranks, 2 traced steps of 3 sharded layers; gloo names them FSDP::all_gather (i) (FSDP2's own
+    record_function), c10d::_reduce_scatter_base_ (the dispatcher op) and gloo:all_gather on its threads."""
+    timeline = trace.merge(launch(trace_fsdp, 2, 2, 16, 2, 4, timeout=240))
+    path = timeline.save_chrome(tmp_path / "fsdp2.json")
+    events = json.loads(path.read_text())["traceEvents"]
+    names = [e["name"] for e in events if e["ph"] == "X"]
+    for rank in range(2):
+        main = [s for s in timeline.spans if s.row == f"rank {rank} · main"]
+        phases = {p.kind: p for p in main if p.depth == 0 and p.kind in ("forward", "backward")}
+        gathers = [s for s in main if s.name.startswith("FSDP::all_gather (")]
+        scatters = [s for s in main if "reduce_scatter" in s.name]
+        assert len(gathers) == 2 * 2 * 3 and len(scatters) == 2 * 3      # forward + backward gathers; 3 layers
+        assert {"forward", "backward"} <= set(phases)
+        backward = max((p for p in main if p.depth == 0 and p.kind == "backward"), key=lambda p: p.start_us)
+        scatters.sort(key=lambda s: s.start_us)
+        assert all(backward.start_us <= s.start_us < backward.start_us + backward.dur_us for s in scatters[-3:])
+    assert sum("all_gather" in n for n in names) >= 2 * 12 and sum("reduce_scatter" in n for n in names) >= 2 * 6
+    assert {e["cat"] for e in events if e["ph"] == "X" and "all_gather" in e["name"]} == {"comm"}

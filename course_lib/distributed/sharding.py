@@ -11,6 +11,9 @@ over the N ranks at each stage:
     from course_lib.distributed import sharding
     sharding.zero_memory(7.5e9, 64, stage=1)["total"] / 1e9     # 31.4 GB per rank (DDP: 120)
 
+Activations come on top, per rank, whatever the stage (`activations=` bytes, see course_lib.activations);
+`plot_zero_with_activations` shows them beside the model states, with and without checkpointing.
+
 - `shard_range` / `ShardedOptimizer`: ZeRO by hand. Each rank owns one slice of the flattened
   parameters and keeps optimizer state for that slice only; a step reduce-scatters the gradients,
   updates the slice, and all-gathers the slices back into every rank's parameters.
@@ -43,20 +46,25 @@ def _check_stage(stage) -> int:
     return one_of("stage", stage, sorted(STAGES), hint=" (0 = DDP, no sharding)")
 
 
-def zero_memory(num_params, world_size: int, stage: int, k: float = 12) -> dict:
+def zero_memory(num_params, world_size: int, stage: int, k: float = 12, activations: float = 0) -> dict:
     """Bytes per rank for `num_params` (Ψ) parameters on `world_size` (N) ranks, by component.
 
-    Returns {"parameters", "gradients", "optimizer_states", "total"} (floats, bytes). stage 0 is
-    DDP; stage s >= 1 shards the optimizer states, then also the gradients (2), the parameters (3).
-    k: optimizer-state bytes per parameter (12 for mixed-precision Adam, 4+4+4 fp32 copies).
+    Returns {"parameters", "gradients", "optimizer_states", "activations", "total"} (floats, bytes).
+    stage 0 is DDP; stage s >= 1 shards the optimizer states, then also the gradients (2), the
+    parameters (3). k: optimizer-state bytes per parameter (12 for mixed-precision Adam, 4+4+4 fp32
+    copies). activations: bytes of one rank's micro-batch activations (e.g.
+    course_lib.activations.transformer_activation_bytes); no ZeRO stage shards them.
     """
     psi = float(positive_number("num_params", num_params))
     n = positive_int("world_size", world_size)
     _check_stage(stage)
     k = float(positive_number("k", k))
+    if not isinstance(activations, (int, float)) or isinstance(activations, bool) or activations < 0:
+        raise ValueError(f"activations must be a number of bytes >= 0; got {activations!r}")
     out = {"parameters": PARAM_BYTES * psi / (n if stage >= 3 else 1),
            "gradients": GRAD_BYTES * psi / (n if stage >= 2 else 1),
-           "optimizer_states": k * psi / (n if stage >= 1 else 1)}
+           "optimizer_states": k * psi / (n if stage >= 1 else 1),
+           "activations": float(activations)}
     out["total"] = sum(out.values())
     return out
 
@@ -89,6 +97,33 @@ def plot_zero_memory(num_params, world_sizes=tuple(2**i for i in range(11)), k: 
     ax.set_title(f"Ψ = {num_params / 1e9:g}B parameters, K = {k:g} (mixed-precision Adam)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    return ax
+
+
+def plot_zero_with_activations(num_params, world_size: int, activations: dict, k: float = 12, ax=None):
+    """Stacked bars per ZeRO stage: model states, then one bar per entry of `activations` {label: bytes}.
+
+    Shows what sharding cannot reach: each rank's own activations, which only checkpointing shrinks.
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(activations, dict) or not activations:
+        raise ValueError("activations must be a non-empty dict {label: bytes per rank}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(activations)
+    for i, (label, act) in enumerate(activations.items()):
+        mems = [zero_memory(num_params, world_size, stage, k, act) for stage in STAGES]
+        xs = [stage + (i - (len(activations) - 1) / 2) * width for stage in STAGES]
+        states = [(m["total"] - m["activations"]) / 1e9 for m in mems]
+        ax.bar(xs, states, width, color="#4C72B0", edgecolor="white", label="model states" if i == 0 else None)
+        ax.bar(xs, [m["activations"] / 1e9 for m in mems], width, bottom=states, color=f"C{i + 1}",
+               edgecolor="white", label=f"activations, {label}")
+    ax.set_xticks(list(STAGES), list(STAGES.values()))
+    ax.set_ylabel("memory per rank (GB)")
+    ax.set_title(f"Ψ = {num_params / 1e9:g}B parameters on N = {world_size} ranks, K = {k:g}")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
     return ax
 
 

@@ -4,6 +4,7 @@
     from course_lib.distributed.sharding_workers import measure_fsdp, measure_zero
     launch(measure_zero, 2)    # per rank: optimizer-state bytes of Adam, ZeRO-1, ours; weight differences
     launch(measure_fsdp, 2)    # per rank: parameter/gradient/state bytes and losses, FSDP2 vs DDP
+    trace.merge(launch(trace_fsdp, 2)).draw()   # a few FSDP2 steps: all-gathers, reduce-scatters
 
 Both train `shard_friendly_mlp` on each rank's own random MNIST-shaped batches (the same batches
 for every variant), so the variants must agree to rounding: sharding changes where the numbers
@@ -16,6 +17,7 @@ import copy
 import torch
 from torch import nn
 
+from .. import trace
 from ..env import rank_device
 from ..models import max_diff
 from ..validate import positive_int
@@ -88,12 +90,13 @@ def measure_zero(rank: int, world_size: int, steps: int = 3, width: int = 784, d
 
 
 def measure_fsdp(rank: int, world_size: int, steps: int = 5, width: int = 784, depth: int = 4, batch: int = 32,
-                 lr: float = 1e-3) -> dict:
+                 lr: float = 1e-3, trace_steps: int = 0) -> dict:
     """Worker: the same model under DDP + Adam and under FSDP2 (`shard_model`) + Adam, same batches.
 
     Returns per-step losses of both ("losses"), this rank's bytes of parameters, gradients (after the
     last backward) and optimizer state under each ("param_bytes", "grad_bytes", "state_bytes"),
     max |FSDP weight - DDP weight| at the end, and {name: [global shape, this rank's shard shape]}.
+    trace_steps > 0: then records that many more FSDP steps ("timeline", as `trace_fsdp`).
     """
     positive_int("steps", steps)
     device = rank_device()
@@ -110,6 +113,9 @@ def measure_fsdp(rank: int, world_size: int, steps: int = 5, width: int = 784, d
     for key, count in (("param_bytes", parameter_bytes), ("grad_bytes", gradient_bytes)):
         out[key] = {"ddp": count(ddp.module), "fsdp": count(fsdp)}
     out["state_bytes"] = {"ddp": optimizer_state_bytes(ddp_opt), "fsdp": optimizer_state_bytes(fsdp_opt)}
+    if trace_steps:
+        out["timeline"] = _record_steps(fsdp, fsdp_opt, batches[0], positive_int("trace_steps", trace_steps),
+                                        f"FSDP2 + Adam, {world_size} ranks, random batches of {batch}")
     return out
 
 
@@ -117,3 +123,32 @@ def measure_sharding(rank: int, world_size: int, steps: int = 3, width: int = 78
     """Worker: {"zero": measure_zero(...), "fsdp": measure_fsdp(...)}, one process start-up for both."""
     return {"zero": measure_zero(rank, world_size, steps, width, depth),
             "fsdp": measure_fsdp(rank, world_size, steps, width, depth)}
+
+
+def trace_fsdp(rank: int, world_size: int, steps: int = 3, width: int = 784, depth: int = 4,
+               batch: int = 32) -> trace.Timeline:
+    """Worker: record `steps` FSDP2 + Adam steps (after one warm-up) and return this rank's Timeline."""
+    positive_int("steps", steps)
+    device = rank_device()
+    torch.manual_seed(0)
+    model = shard_model(shard_friendly_mlp(width, depth).to(device))
+    return _record_steps(model, torch.optim.Adam(model.parameters(), lr=1e-3), _batches(rank, 1, batch, device)[0],
+                         steps, f"FSDP2 + Adam, {world_size} ranks, random batches of {batch}")
+
+
+def _record_steps(model, optimizer, batch, steps: int, label: str) -> trace.Timeline:
+    """Phases "forward", "backward", "optimizer"; inside them the profiler keeps FSDP2's collectives:
+    an all-gather per layer before its forward and again before its backward, a reduce-scatter per
+    layer after its backward (gloo runs them on its own threads: extra rows)."""
+    x, y = batch
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.profiler.record_function("forward"):
+            loss = nn.functional.cross_entropy(model(x), y)
+        with torch.profiler.record_function("backward"):
+            loss.backward()
+        with torch.profiler.record_function("optimizer"):
+            optimizer.step()
+
+    return trace.record(step, steps=steps, warmup=1, label=label)
