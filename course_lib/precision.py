@@ -72,6 +72,32 @@ def autocast(precision: str, device):
     return torch.autocast(torch.device(device).type, dtype=dtype)
 
 
+# ops a network runs after a matmul, each given the matmul's low-precision output h [8, 16] (and labels y [8])
+AUTOCAST_PROBES = {
+    "linear": lambda h, y: F.linear(h, h), "relu": lambda h, y: F.relu(h), "softmax": lambda h, y: F.softmax(h, -1),
+    "log_softmax": lambda h, y: F.log_softmax(h, -1), "sum": lambda h, y: h.sum(), "exp": lambda h, y: h.exp(),
+    "layer_norm": lambda h, y: F.layer_norm(h, h.shape[-1:]), "mse_loss": lambda h, y: F.mse_loss(h, h.flip(0)),
+    "nll_loss": lambda h, y: F.nll_loss(h, y), "cross_entropy": lambda h, y: F.cross_entropy(h, y),
+}
+# of these, the ones on CUDA's fp32 list (PyTorch's autocast docs, "CUDA Ops that can autocast to float32")
+CUDA_FP32_PROBES = ("softmax", "log_softmax", "sum", "exp", "layer_norm", "mse_loss", "nll_loss", "cross_entropy")
+
+
+def autocast_output_dtypes(device_type: str = "cpu", dtype=torch.bfloat16) -> dict:
+    """{op name: output dtype} of `AUTOCAST_PROBES` under torch.autocast(device_type, dtype), measured.
+
+    Each op gets an input that is already low precision (a matmul's output), as in a network: an op on
+    autocast's fp32 list casts it up, an op on no list keeps it. The lists differ by device (CPU's fp32
+    list is shorter than CUDA's), and torch has no public function that returns them: this asks torch itself.
+    """
+    one_of("device_type", device_type, ("cpu", "cuda"))
+    x = torch.randn(8, 16, device=device_type)
+    y = torch.arange(8, device=device_type) % 16
+    with torch.autocast(device_type, dtype=dtype):
+        h = x @ torch.randn(16, 16, device=device_type)
+        return {name: op(h, y).dtype for name, op in AUTOCAST_PROBES.items()}
+
+
 def grad_scaler(precision: str, device) -> torch.amp.GradScaler | None:
     """torch's GradScaler for fp16, None otherwise: bf16 has fp32's range, so its gradients do not underflow."""
     check_precision(precision, device)

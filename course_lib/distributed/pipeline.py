@@ -10,6 +10,8 @@ The naive split (M = 1) leaves every rank idle while the others work. GPipe cuts
 micro-batches so stages overlap; 1F1B reorders the same work to keep fewer activations alive. Both
 are just per-rank orders from `schedules`, run by `run_schedule`. The loss of micro-batch m is
 divided by M, so the gradients accumulated over the M backwards equal the whole batch's.
+Each op runs under `record_function("forward mb0")` etc. and each wait for a peer under "recv wait",
+so a profiler trace (`pipeline_trace`) shows the schedule as it ran.
 
 Here every rank builds the whole (small, seeded) model and keeps its own stage, so that the result
 can be compared with one process training the whole model; a real system builds only its stage.
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.profiler import record_function
 
 from ..env import rank_device
 from ..models import max_diff
@@ -126,16 +129,18 @@ def run_schedule(stage: nn.Module, stage_order: list, x_micro: list, y_micro: li
         recvs[i + 1] = _post_recv(stage_order, i + 1, shapes, device)
         work, received = recvs.pop(i) or (None, None)
         if work is not None:
-            work.wait()
+            with record_function("recv wait"):           # a trace's comm: time spent waiting for a peer
+                work.wait()
         if kind == "F":
             x = x_micro[m] if rank == 0 else received.requires_grad_()
             sync(device)
             t0 = time.perf_counter()
-            out = stage(x)
-            if rank == K - 1:
-                out = loss_fn(out, y_micro[m]) / M       # mean over micro-batches = whole-batch mean
-                result.loss += out.item()
-            sync(device)
+            with record_function(f"forward mb{m}"):      # the name a trace shows (course_lib.trace)
+                out = stage(x)
+                if rank == K - 1:
+                    out = loss_fn(out, y_micro[m]) / M   # mean over micro-batches = whole-batch mean
+                    result.loss += out.item()
+                sync(device)
             result.events.append(("F", m, t0 - clock0, time.perf_counter() - clock0))
             if rank < K - 1:
                 sent = out.detach()                      # kept alive in `pending` until the send is done
@@ -145,8 +150,9 @@ def run_schedule(stage: nn.Module, stage_order: list, x_micro: list, y_micro: li
         else:
             sync(device)
             t0 = time.perf_counter()
-            outputs.pop(m).backward(received)            # frees this micro-batch's activations
-            sync(device)
+            with record_function(f"backward mb{m}"):
+                outputs.pop(m).backward(received)        # frees this micro-batch's activations
+                sync(device)
             result.events.append(("B", m, t0 - clock0, time.perf_counter() - clock0))
             x = inputs.pop(m)
             if rank > 0:

@@ -28,6 +28,7 @@ from typing import NamedTuple
 from ..validate import positive_int
 
 SCHEDULES = ("gpipe", "1f1b")
+COLORS = {"F": "tab:blue", "B": "tab:green"}
 
 
 class Op(NamedTuple):
@@ -168,14 +169,13 @@ def plot_schedule(ops: list, title: str = "", ax=None):
 
     K, T = max(op.stage for op in ops) + 1, makespan(ops)
     ax = ax or plt.subplots(figsize=(max(6, 0.45 * T), 0.5 * K + 1))[1]
-    colors = {"F": "tab:blue", "B": "tab:green"}
     for op in ops:
-        ax.barh(op.stage, 1, left=op.time, color=colors[op.kind], edgecolor="black", linewidth=0.5)
+        ax.barh(op.stage, 1, left=op.time, color=COLORS[op.kind], edgecolor="black", linewidth=0.5)
         ax.text(op.time + 0.5, op.stage, str(op.micro), ha="center", va="center", color="white", fontsize=8)
     ax.set(xlim=(0, T), yticks=range(K), yticklabels=[f"stage {k}" for k in range(K)], xlabel="time step",
            title=f"{title}  (bubble {schedule_bubble(ops, K):.0%})".strip())
     ax.invert_yaxis()
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()],
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()],
               labels=["forward", "backward"], loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     return ax
 
@@ -185,10 +185,9 @@ def plot_timeline(events: list, title: str = "", ax=None):
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(8, 0.5 * len(events) + 1))[1]
-    colors = {"F": "tab:blue", "B": "tab:green"}
     for rank, evs in enumerate(events):
         for kind, m, t0, t1 in evs:
-            ax.barh(rank, 1e3 * (t1 - t0), left=1e3 * t0, color=colors[kind], edgecolor="black", linewidth=0.5)
+            ax.barh(rank, 1e3 * (t1 - t0), left=1e3 * t0, color=COLORS[kind], edgecolor="black", linewidth=0.5)
             ax.text(1e3 * (t0 + t1) / 2, rank, str(m), ha="center", va="center", color="white", fontsize=8)
     ax.set(yticks=range(len(events)), yticklabels=[f"rank {r}" for r in range(len(events))], xlabel="ms",
            title=title)
