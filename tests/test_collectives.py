@@ -31,7 +31,7 @@ def test_ring_spreads_traffic_evenly_and_naive_piles_it_on_rank_0():
     assert all(not r[alg].collective_calls for r in results for alg in C.ALGORITHMS)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 def test_ring_schedule_ends_with_every_chunk_fully_reduced(n):
     schedule = ring_schedule(n)
     assert len(schedule) == 2 * (n - 1)

@@ -200,3 +200,59 @@ def test_matches_real_nn_data_parallel(k):
         pytest.skip(f"needs {k} GPUs")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     assert dp.assert_matches_torch_dp(small_model(), *batch(10), k) < 1e-5
+
+
+# --- the agreement checks lecture 06 used to run cell by cell ---------------------------------------
+
+def test_summing_is_right_and_averaging_is_k_times_too_small():
+    model, (x, y) = small_model(), batch(10)
+    ref = dp.reference_grads(model, x, y)
+    dp.dp_step(model, x, y, 3)
+    grads = [p.grad for p in model.parameters()]
+    assert all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, ref))
+    assert not torch.allclose(grads[0] / 3, ref[0], atol=1e-6)
+
+
+def test_phases_by_hand_equal_one_device_and_chunks_follow_torch_chunk():
+    model, (x, y) = small_model(), batch(10)
+    ref = dp.reference_grads(model, x, y)
+    chunks = dp.scatter(x, 4)
+    assert [len(c) for c in chunks] == [3, 3, 3, 1] and len(dp.scatter(x[:5], 4)) == 3
+    replicas = dp.replicate(model, len(chunks))
+    logits = dp.gather(dp.parallel_apply(replicas, chunks))
+    assert torch.allclose(logits, model(x), atol=1e-6)
+    nn.functional.cross_entropy(logits, y).backward()
+    master = copy.deepcopy(model)
+    dp.reduce_gradients(replicas, master)
+    assert dp.max_grad_difference(master, ref) < 1e-6
+
+
+def test_batchnorm_train_mode_differs_eval_mode_matches():
+    torch.manual_seed(0)
+    bn = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    x, y = batch(10)
+    ref = dp.reference_grads(bn, x, y)
+    dp.dp_step(bn, x, y, 2)
+    assert dp.max_grad_difference(bn, ref) > 1e-4      # each chunk normalised with its own statistics
+    bn.eval()
+    ref = dp.reference_grads(bn, x, y)
+    dp.dp_step(bn, x, y, 2)
+    assert dp.max_grad_difference(bn, ref) < 1e-6      # running statistics: identical
+
+
+def test_other_devices_move_about_two_model_copies_and_master_is_k_minus_1_of_them():
+    x, y = batch(64)
+    model_bytes = sum(p.numel() * p.element_size() for p in small_model().parameters())
+    ks = list(range(1, 9))
+    rows = dp_report.traffic_by_k(small_model, x, y, ks)
+    master, others = [r["master_bytes"] for r in rows], [r["other_bytes"] for r in rows[1:]]
+    assert all(a < b for a, b in zip(master, master[1:]))
+    assert max(others) <= others[0] and min(others) > 0.95 * 2 * model_bytes
+    assert abs(master[-1] - (ks[-1] - 1) * others[-1]) / master[-1] < 0.05
+
+
+def test_master_only_phases_run_on_the_master_and_forward_on_every_device():
+    report = dp.dp_step(small_model(), *batch(12), 4)
+    master_only = {"scatter", "replicate", "gather", "loss", "grad_scatter", "reduce"}
+    assert {e.device for e in report.events if e.phase in master_only} == {dp.MASTER}
+    assert {e.device for e in report.events if e.phase == "forward"} == {0, 1, 2, 3}

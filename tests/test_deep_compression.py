@@ -153,3 +153,21 @@ def test_quick_benchmark_keys(capsys):
     assert summary["lenet300_ratio"] > summary["lenet300_file_ratio"] > 20 and summary["lenet5_ratio"] > 20
     assert summary["data"].startswith("1,000 of the ") and summary["int8_size_ratio"] > 3
     assert "Table 2" in out and "Table 3" in out and "ratio paper" in out
+
+
+def test_codebooks_fillers_streams_and_per_layer_bits_as_lecture_14_shows_them(compressed):
+    from collections import Counter
+
+    from course_lib.compression import huffman
+    _, _, _, r = compressed
+    for name, layer in r.layers.items():
+        assert layer.codebook.numel() == 2 ** CONFIG["weight_bits"][name]          # code 0 (the 0.0) included
+        codes, gaps = huffman.decode(layer.codes), huffman.decode(layer.gaps)
+        assert codes.count(0) == layer.fillers and len(codes) == len(gaps) == layer.entries
+        for symbols, stream in ((codes, layer.codes), (gaps, layer.gaps)):
+            entropy = huffman.entropy(Counter(symbols))
+            assert entropy - 1e-9 <= stream.nbits / len(symbols) < entropy + 1
+        b = r.bits[name]
+        assert b["pqh"] == b["codes_huffman"] + b["gaps_huffman"] + b["tables"] + b["codebook"] + b["bias"] + b["count"]
+        assert b["codes_huffman"] == layer.codes.nbits and b["entries"] == b["nonzero"] + b["fillers"]
+    assert r.total["pqh"] == sum(b["pqh"] for b in r.bits.values())

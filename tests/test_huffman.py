@@ -135,3 +135,53 @@ def test_corrupt_streams_are_refused():
         H.decode(H.HuffmanStream(b"\x80", 1, 1, {5: 0}))
     with pytest.raises(TypeError):
         H.decode(b"\x00")
+
+
+# --- what lecture 14 showed cell by cell -------------------------------------------------------------
+
+def _heapq_tree_codes(frequencies):
+    """An independent Huffman tree (tuples for inner nodes), as lecture 14 used to build it by hand."""
+    import heapq
+    heap = [(count, i, symbol) for i, (symbol, count) in enumerate(frequencies.items())]
+    heapq.heapify(heap)
+    tie = len(heap)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap), heapq.heappop(heap)
+        heapq.heappush(heap, (a[0] + b[0], tie, (a[2], b[2])))
+        tie += 1
+    codes = {}
+
+    def walk(node, path):
+        if isinstance(node, tuple):
+            walk(node[0], path + "0")
+            walk(node[1], path + "1")
+        else:
+            codes[node] = path or "0"
+    walk(heap[0][2], "")
+    return codes
+
+
+def test_lecture_14_text_code_lengths_equal_an_independent_heapq_tree():
+    text = "deep compression: pruning, trained quantization and huffman coding"
+    freq = Counter(text)
+    reference = {s: len(c) for s, c in _heapq_tree_codes(freq).items()}
+    ours = H.code_lengths(freq)
+    assert H.expected_length(freq, ours) == H.expected_length(freq, reference)   # same optimum, any tie-break
+    words = sorted(H.canonical_codes(ours).values())
+    assert all(not b.startswith(a) for a, b in zip(words, words[1:]))
+    assert H.kraft_sum(ours) == 1 and H.entropy(freq) <= H.expected_length(freq, ours) < H.entropy(freq) + 1
+    assert H.decode(H.encode(list(text))) == list(text)
+
+
+def test_lecture_14_skewed_stream_and_edge_cases_round_trip():
+    import torch
+    torch.manual_seed(0)
+    symbols = torch.distributions.Geometric(probs=torch.tensor(0.3)).sample((20_000,)).clamp(max=31).long().tolist()
+    stream = H.encode(symbols)
+    assert H.decode(stream) == symbols
+    average = stream.nbits / len(symbols)
+    assert H.entropy(Counter(symbols)) <= average < H.entropy(Counter(symbols)) + 1
+    assert stream.nbits == sum(stream.lengths[s] for s in symbols)
+    for edge in ([7] * 100, [0, 1] * 50, [0] * 10_000 + [1]):
+        assert H.decode(H.encode(edge)) == edge
+    assert H.encode([7] * 100).nbits == 0

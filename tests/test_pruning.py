@@ -243,3 +243,19 @@ def test_csr_model_computes_the_same_and_stores_less_when_sparse():
     assert csr_model_bytes(model) < 0.25 * dense_bytes
     with pytest.raises(ValueError, match="no nn.Linear"):
         P.csr_linear_model(nn.Sequential(nn.Conv2d(1, 2, 3)))
+
+
+@pytest.mark.parametrize("amount", [0.25, 0.35, 0.4, 0.75])
+def test_lecture_12_tied_example_matches_torch_at_every_amount(amount):
+    tiny = torch.tensor([0.3, -1.0, 1.0, 2.0, -1.0, 3.0, 1.0, -0.2, 1.0, 4.0])
+    mask = P.magnitude_mask(tiny, amount)
+    assert int((mask == 0).sum()) == round(amount * 10) and torch.equal(mask, torch_l1(tiny, amount))
+    fourth_smallest = tiny.abs().kthvalue(4).values
+    assert int((tiny.abs() <= fourth_smallest).sum()) == 7   # a threshold at amount 0.4 would prune 7, not 4
+
+
+def test_structured_lenet5_half_has_the_expected_channel_counts():
+    from course_lib.models import LeNet5
+    half = S.prune_structured(LeNet5().eval(), 0.5)
+    assert half.conv2.in_channels == half.conv1.out_channels == 10
+    assert half.fc1.in_features == 25 * 4 * 4              # 25 channels of 4x4 after conv2 + pool

@@ -287,3 +287,42 @@ def test_weight_qparams_are_recomputed_after_the_weight_changes():
     with torch.no_grad():
         layer.weight.mul_(2)
     assert torch.allclose(layer.quantized_weight(), 2 * first)
+
+
+# --- the agreement checks lecture 13 used to run in its cells -----------------------------------------
+
+def test_lecture_13_example_round_trip_error_is_half_a_step_and_matches_torch():
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * 2 + 1
+    scale, zero_point = Q.choose_qparams(x.min(), x.max(), bits=8)
+    scale, zero_point = scale.item(), int(zero_point)
+    q = Q.quantize(x, scale, zero_point, bits=8)
+    x_hat = Q.dequantize(q, scale, zero_point, bits=8)
+    assert (x_hat - x).abs().max() <= scale / 2 + 1e-6            # rounding error: at most half a step
+    assert torch.equal(x_hat, torch.fake_quantize_per_tensor_affine(x, scale, zero_point, -128, 127))
+    if hasattr(torch, "quantize_per_tensor"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = torch.quantize_per_tensor(x, scale, zero_point, torch.qint8)
+        assert torch.equal(q, theirs.int_repr().to(torch.int32))
+    halves = Q.quantize(torch.tensor([0.25, 0.75, 1.25, 100.0, -100.0]), scale=0.5, zero_point=0, bits=4)
+    assert halves.tolist() == [0, 2, 2, 7, -8]
+
+
+def test_symmetric_wastes_half_the_levels_on_one_signed_data_not_on_weights():
+    g = torch.Generator().manual_seed(0)
+    data = {"relu": torch.relu(torch.randn(10_000, generator=g)), "weights": torch.randn(10_000, generator=g) * 0.05}
+    mse = {}
+    for name, t in data.items():
+        for symmetric in (False, True):
+            s, z = Q.choose_qparams(t.min(), t.max(), bits=4, symmetric=symmetric)
+            mse[name, symmetric] = (Q.fake_quantize(t, s, z, bits=4) - t).pow(2).mean().item()
+    assert mse["relu", True] > 3 * mse["relu", False]
+    assert mse["weights", True] < 1.5 * mse["weights", False]
+
+
+def test_per_channel_never_worse_and_one_more_bit_quarters_the_error():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(300, 784, generator=g) * (torch.rand(300, 1, generator=g) * 0.1 + 0.01)   # rows of differing spread
+    err = {pc: [(Q.quantize_weight(w, b, pc) - w).pow(2).mean().item() for b in range(2, 9)] for pc in (False, True)}
+    assert all(c <= t for c, t in zip(err[True], err[False]))
+    assert 2.5 < err[True][3] / err[True][4] < 6          # 5 -> 6 bits: about 4x less error
