@@ -4,8 +4,13 @@ import torch
 from torch import nn
 from torch.utils.data.distributed import DistributedSampler
 
+import json
+
+from course_lib import trace
 from course_lib.data import TensorLoader
 from course_lib.distributed.ddp import ShardedTensorLoader, assign_buckets, compare_with_torch_ddp, shard_indices
+from course_lib.distributed.ddp_hooks import HOOKS, compare_comm_hooks, register_hook, uneven_inputs_with_join
+from course_lib.distributed.ddp_overlap import bucket_sweep, mlp, overlap_summary, overlap_timeline
 from course_lib.distributed.launch import launch
 
 
@@ -69,3 +74,56 @@ def test_bad_arguments_are_refused_by_name():
         ShardedTensorLoader(torch.zeros(4), batch_size=0)
     with pytest.raises(ValueError, match="same length"):
         ShardedTensorLoader(torch.zeros(4), torch.zeros(5))
+
+
+@pytest.mark.timeout(120)
+def test_overlap_trace_has_an_all_reduce_that_starts_during_backward(tmp_path):
+    """BucketedDDP launches bucket 0 from a gradient hook, inside backward: deterministic, not a timing."""
+    timeline = trace.merge(launch(overlap_timeline, 2, "bucketed", 0.05, 128, 6, 16, 2, timeout=100))
+    path = timeline.save_chrome(tmp_path / "07_ddp_overlap.json")
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    backward = [e for e in events if e["cat"] == "backward"]
+    reduces = [e for e in events if e["cat"] == "comm" and ("allreduce" in e["name"] or "all_reduce" in e["name"])]
+    assert backward and reduces
+    assert any(b["pid"] == r["pid"] and b["ts"] <= r["ts"] < b["ts"] + b["dur"] for b in backward for r in reduces)
+    assert overlap_summary(timeline)["during_backward_ms"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_bucket_sweep_counts_one_all_reduce_per_bucket():
+    rows = launch(bucket_sweep, 2, [0.01, 100.0], 64, 1, timeout=100)[0]
+    assert [r["bucket_mb"] for r in rows] == [None, 0.01, 100.0]
+    assert rows[0]["all_reduces"] == 1 and rows[2]["all_reduces"] == 1
+    # the benchmark's MLP is mlp(width, 5): 784 -> 5 hidden layers -> 10
+    assert rows[1]["all_reduces"] == len(assign_buckets(list(mlp(64, 5).parameters()), 0.01)) > 3
+    assert all(r["step_ms"] > 0 for r in rows)
+
+
+@pytest.mark.timeout(150)
+def test_comm_hooks_bytes_and_training(tmp_path):
+    out = launch(compare_comm_hooks, 2, HOOKS, 5, 16, 256, timeout=140)
+    for rank_rows in out:
+        fp32, fp16, psgd = rank_rows
+        assert [r["hook"] for r in rank_rows] == list(HOOKS)
+        assert fp32["bytes_per_step"] == 4 * 21_840      # Net's parameters, float32
+        assert fp16["bytes_per_step"] * 2 == fp32["bytes_per_step"]
+        assert psgd["bytes_per_step"] < fp16["bytes_per_step"] / 4
+        assert all(len(r["losses"]) == 5 and 0 <= r["test_accuracy"] <= 1 for r in rank_rows)
+
+
+@pytest.mark.timeout(120)
+def test_join_lets_uneven_ranks_finish_with_the_same_weights():
+    out = launch(uneven_inputs_with_join, 2, 2, 3, timeout=100)
+    assert [o["batches"] for o in out] == [2, 5]
+    assert out[0]["weight_checksum"] == out[1]["weight_checksum"]
+
+
+def test_ddp_extras_refuse_bad_arguments_by_name():
+    with pytest.raises(ValueError, match="variant"):
+        overlap_timeline(0, 1, "ring")
+    with pytest.raises(ValueError, match="hook"):
+        register_hook(None, "int8")
+    with pytest.raises(ValueError, match="width"):
+        mlp(0)
+    with pytest.raises(ValueError, match="steps"):
+        compare_comm_hooks(0, 1, steps=2)

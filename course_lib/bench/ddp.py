@@ -9,27 +9,12 @@ step time with FlatDDP / step time with BucketedDDP, on a wide MLP where the all
 """
 from __future__ import annotations
 
-import time
-
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from ..distributed.ddp import BucketedDDP, FlatDDP
+from ..distributed.ddp_overlap import overlap_step_seconds, timed_steps
 from ..distributed.launch import launch
 from .result import BenchResult
-
-
-def _timed(step, steps: int) -> float:
-    """Seconds per step, after two warm-up steps, measured between barriers (slowest rank counts)."""
-    for _ in range(2):
-        step()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    dist.barrier()
-    return (time.perf_counter() - t0) / steps
 
 
 def ddp_images_per_second(rank: int, world_size: int, batch: int = 64, steps: int = 20) -> float:
@@ -45,28 +30,7 @@ def ddp_images_per_second(rank: int, world_size: int, batch: int = 64, steps: in
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    return batch / _timed(step, steps)
-
-
-def overlap_step_seconds(rank: int, world_size: int, variant: str, width: int = 1024, steps: int = 10,
-                         bucket_mb: float = 4.0) -> float:
-    """Worker: seconds per step of a wide MLP wrapped in FlatDDP ("flat") or BucketedDDP ("bucketed")."""
-    if variant not in ("flat", "bucketed"):
-        raise ValueError(f"variant must be 'flat' or 'bucketed'; got {variant!r}")
-    torch.manual_seed(0)
-    layers = [nn.Linear(784, width), nn.ReLU()] + [m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())]
-    net = nn.Sequential(*layers, nn.Linear(width, 10))
-    model = FlatDDP(net) if variant == "flat" else BucketedDDP(net, bucket_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(32, 784), torch.randint(0, 10, (32,))
-
-    def step():
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        if variant == "flat":
-            model.sync_gradients()
-        opt.step()
-    return _timed(step, steps)
+    return batch / timed_steps(step, steps)
 
 
 def run(data_dir=None, quick: bool = False) -> BenchResult:

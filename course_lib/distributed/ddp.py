@@ -15,6 +15,7 @@ same optimizer step. Three pieces, each small enough to read:
   of backward. `no_sync()` skips the all-reduce for gradient accumulation.
 
 Both wrappers broadcast rank 0's weights at construction (identical starting points).
+Seeing the overlap and the bucket-size trade-off: `ddp_overlap`; torch DDP's comm hooks and Join: `ddp_hooks`.
 Worker functions for `launch` (e.g. `compare_with_torch_ddp`) live here so they pickle.
 
     from course_lib.distributed.launch import launch
