@@ -11,6 +11,8 @@ clock (the profiler's wall-clock start), so an all-reduce on rank 1 lines up wit
 """
 import json
 import os
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +22,6 @@ from torch.profiler import ProfilerActivity, profile
 from .checkpoint import atomic_write_bytes
 from .validate import positive_int
 
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")      # the profiler's C++ logger: errors only, no info lines
 
 # What a span is, from its name: the first rule that matches wins. Colours are shared by every lecture.
 KINDS = {
@@ -138,10 +139,31 @@ def record(step, steps: int = 3, warmup: int = 1, label: str = "", keep=None) ->
     for _ in range(warmup):
         step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
+    prof = profile(activities=activities)
+    with _quiet_stderr():
+        prof.start()
+    try:
         for _ in range(steps):
             step()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
     return from_profile(prof, label=label, keep=keep)
+
+
+@contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 while the profiler starts and stops: its C++ side prints status lines there
+    ("profiler_start", a failed GPU query on a CPU machine) that a kernel would show under the cell."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def from_profile(prof, label: str = "", keep=None) -> Timeline:
@@ -166,7 +188,8 @@ def from_profile(prof, label: str = "", keep=None) -> Timeline:
 
 
 def merge(timelines: list, names=None) -> Timeline:
-    """Ranks' timelines on one clock: rows become "rank r · thread"; time 0 is the earliest start."""
+    """Ranks' timelines on one clock: rows become "rank r · thread" (or "NAME · thread"), in the order given;
+    time 0 is the earliest start."""
     if not timelines:
         raise ValueError("merge needs at least one Timeline (one per rank)")
     names = names or [f"rank {r}" for r in range(len(timelines))]
@@ -174,7 +197,8 @@ def merge(timelines: list, names=None) -> Timeline:
     spans = [Span(s.name, f"{who} · {s.row}", s.start_us + (t.start_ns - t0) / 1e3, s.dur_us, s.kind, s.depth)
              for who, t in zip(names, timelines) for s in t.spans]
     labels = {t.label for t in timelines if t.label}
-    return Timeline(spans, label=" / ".join(sorted(labels)), start_ns=t0)
+    rows = [f"{who} · {row}" for who, t in zip(names, timelines) for row in t.rows]
+    return Timeline(spans, label=" / ".join(sorted(labels)), start_ns=t0, rows=rows)
 
 
 def _row_order(row: str):
