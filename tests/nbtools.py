@@ -26,3 +26,18 @@ def notebook_namespace(path, skip_grade_cells: bool = True) -> dict:
         source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
         exec(compile(source, f"{Path(path).name}", "exec"), ns)
     return ns
+
+
+def solution_module(path, tmp_path):
+    """A notebook's non-grade code cells as a real module file: checks that ship a function's source to
+    other processes (inspect.getsource) need it to come from a file, as Jupyter's cells do."""
+    import importlib.util
+    nb = nbformat.read(str(path), as_version=4)
+    source = "\n\n".join(c.source for c in nb.cells if c.cell_type == "code" and not is_grade_cell(c))
+    name = "nb_" + Path(path).stem.replace("-", "_")
+    module_path = tmp_path / f"{name}.py"
+    module_path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,11 +3,10 @@
 Each ring check starts 2-4 processes per world size (seconds each): wrong answers are chosen so that
 the check rejects them on its first world size (3 ranks).
 """
-import importlib.util
 
-import nbformat
 import pytest
 
+import nbtools
 from course_lib.checks.nb05 import check_bytes_sent_per_rank, check_ring_all_reduce
 from nbtools import ROOT, notebook_namespace
 
@@ -16,16 +15,7 @@ NS = notebook_namespace(NB)
 
 
 def solution_module(tmp_path):
-    """The solution cells as a real module: the ring check needs inspect.getsource, as in Jupyter."""
-    nb = nbformat.read(str(NB), as_version=4)
-    source = "\n\n".join(c.source for c in nb.cells if c.cell_type == "code"
-                         and not c.metadata.get("nbgrader", {}).get("grade"))
-    path = tmp_path / "ex05_solutions.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("ex05_solutions", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return nbtools.solution_module(NB, tmp_path)
 
 
 def stub(tensor):

@@ -1,10 +1,9 @@
 """The checks of exercise notebook 07 pass the reference solutions and fail stubs and wrong answers."""
-import importlib.util
 
-import nbformat
 import pytest
 import torch
 
+import nbtools
 from course_lib.checks.nb07 import check_bucket_hooks, check_shard_indices, check_should_checkpoint
 from nbtools import ROOT, notebook_namespace
 
@@ -66,16 +65,7 @@ def test_wrong_should_checkpoint_fails(wrong):
 # --- exercise 3: bucketed all-reduce hooks (each check starts 2 gloo processes) ------------------------
 
 def solution_module(tmp_path):
-    """The solution cells as a real module: the check ships the function's source (inspect.getsource)."""
-    nb = nbformat.read(str(NB), as_version=4)
-    source = "\n\n".join(c.source for c in nb.cells if c.cell_type == "code"
-                         and not c.metadata.get("nbgrader", {}).get("grade"))
-    path = tmp_path / "ex07_solutions.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("ex07_solutions", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return nbtools.solution_module(NB, tmp_path)
 
 
 def stub_hooks(buckets):

@@ -38,6 +38,27 @@ def torch_quantized(x: torch.Tensor, scale: float, zero_point: int, qmin: int, q
     return torch.round(fake / scale).to(torch.int64) + zero_point, fake
 
 
+def run_on_ranks(worker, world_size: int, fn, hung: str, timeout: float = 90) -> list:
+    """`worker(rank, world_size, fn)` on `world_size` gloo ranks with the learner's `fn` (by its source, in the
+    grading sandbox when graded); returns each rank's result. A rank's error becomes an AssertionError with its
+    last lines, the untouched stub NotImplementedError, and a hang an AssertionError that says `hung`."""
+    from ..distributed.launch import WorkerError
+    from ..grading.remote import StudentError
+    from ..grading.student import launch_source
+    try:
+        return launch_source(worker, world_size, fn, timeout=timeout)
+    except TimeoutError:
+        pass
+    except (WorkerError, StudentError) as e:   # StudentError: the launch ran in the grading sandbox
+        trace = getattr(e, "remote_traceback", None) or f"{e}\n{getattr(e, 'traceback', '')}"
+        if "NotImplementedError" in trace:
+            raise NotImplementedError(f"{fn.__name__} is still the stub") from None
+        if "TimeoutError" not in trace.strip().splitlines()[0]:
+            tail = "\n".join(str(e).strip().splitlines()[-4:])
+            raise AssertionError(f"on {world_size} ranks, {tail}") from None
+    raise AssertionError(f"on {world_size} ranks the ranks hung: {hung}")
+
+
 def passed(name: str) -> None:
     """Print the line a learner looks for after a check."""
     print(f"\u2714 {name}: all checks passed")

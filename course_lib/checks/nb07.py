@@ -16,10 +16,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data.distributed import DistributedSampler
 
-from . import expect, passed
-from ..distributed.launch import WorkerError
-from ..grading.remote import StudentError
-from ..grading.student import compile_source, launch_source
+from . import expect, passed, run_on_ranks
+from ..grading.student import compile_source
 from ..models import max_diff
 
 CASES = [(10, 3), (12, 4), (5, 2), (2, 3), (9, 1)]
@@ -125,17 +123,8 @@ def _bucket_numels() -> list:
 
 
 def _run_bucket_hooks(fn, world_size: int = 2) -> list:
-    try:
-        return launch_source(bucket_hook_cases, world_size, fn, timeout=90)
-    except (WorkerError, StudentError) as e:   # StudentError: the launch ran in the grading sandbox
-        trace = getattr(e, "remote_traceback", None) or f"{e}\n{getattr(e, 'traceback', '')}"
-        if "NotImplementedError" in trace:
-            raise NotImplementedError(f"{fn.__name__} is still the stub") from None
-        tail = "\n".join(str(e).strip().splitlines()[-4:])
-        raise AssertionError(f"on {world_size} ranks, {tail}") from None
-    except TimeoutError:
-        raise AssertionError(f"on {world_size} ranks the ranks hung: every rank must launch the same all-reduces "
-                             "in the same order (bucket 0 first), and finish() must wait for each one") from None
+    return run_on_ranks(bucket_hook_cases, world_size, fn, "every rank must launch the same all-reduces in the "
+                        "same order (bucket 0 first), and finish() must wait for each one")
 
 
 def check_bucket_hooks(fn) -> None:
