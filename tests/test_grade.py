@@ -298,9 +298,10 @@ def test_grading_needs_its_extra_and_nothing_else_does():
 
 
 def test_exercise_07_solution_and_student_version():
-    assert grade.grade(ROOT / "solutions" / EX07).score == 5
+    report = grade.grade(ROOT / "solutions" / EX07)      # the bucket-hook check runs 2 ranks in the sandbox
+    assert report.score == report.max_score == 10, report.messages
     report = grade.grade(ROOT / "exercises" / EX07)
-    assert report.max_score == 5 and set(report.points.values()) == {0.0}
+    assert report.max_score == 10 and set(report.points.values()) == {0.0}
 
 
 def test_monkeypatching_the_checks_does_not_help(tmp_path):
@@ -316,7 +317,8 @@ def test_monkeypatching_the_checks_does_not_help(tmp_path):
             "import sys\nsys.exit()",
     }, name=EX07)
     report = grade.grade(sub)
-    assert report.points == {"ex07_shard_indices_test": 0.0, "ex07_should_checkpoint_test": 2.0}
+    assert report.points == {"ex07_shard_indices_test": 0.0, "ex07_should_checkpoint_test": 2.0,
+                             "ex07_bucket_hooks_test": 0.0}
     assert "AssertionError" in report.messages["ex07_shard_indices_test"]
 
 

@@ -76,9 +76,11 @@ def test_autograde_exercise_07_solution_full_and_release_zero(tmp_path):
     name = "07_ddp_exercises.ipynb"
     api = course(tmp_path, "ex07", [ROOT / "solutions" / name])
     solved = autograde(api, tmp_path, "ex07", "solver", {name: ROOT / "solutions" / name})
-    assert solved == {"ex07_shard_indices_test": 3, "ex07_should_checkpoint_test": 2, "total": 5, "max": 5}
+    assert solved == {"ex07_shard_indices_test": 3, "ex07_should_checkpoint_test": 2, "ex07_bucket_hooks_test": 5,
+                      "total": 10, "max": 10}
     untouched = autograde(api, tmp_path, "ex07", "idle", {name: tmp_path / "release" / "ex07" / name})
-    assert untouched == {"ex07_shard_indices_test": 0, "ex07_should_checkpoint_test": 0, "total": 0, "max": 5}
+    assert untouched == {"ex07_shard_indices_test": 0, "ex07_should_checkpoint_test": 0, "ex07_bucket_hooks_test": 0,
+                         "total": 0, "max": 10}
 
 
 @needs_mnist
