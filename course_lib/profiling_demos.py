@@ -171,11 +171,8 @@ def side_by_side(timelines: dict) -> trace.Timeline:
     """
     if not timelines:
         raise ValueError("side_by_side needs at least one {name: Timeline}")
-    names = list(timelines)
     zeroed = [trace.Timeline(t.spans, t.label, 0, t.rows) for t in timelines.values()]
-    merged = trace.merge(zeroed, names=names)
-    rows = [f"{name} · {row}" for name, t in timelines.items() for row in t.rows]
-    return trace.Timeline(merged.spans, " / ".join(t.label for t in timelines.values() if t.label), 0, rows)
+    return trace.merge(zeroed, names=list(timelines))      # merge keeps the rows in the order given
 
 
 def draw_ms_per_image(per_image: dict, ax=None, title: str = "time per image, by phase"):
@@ -183,7 +180,7 @@ def draw_ms_per_image(per_image: dict, ax=None, title: str = "time per image, by
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 0.6 + 0.5 * len(per_image)))
-    colours = {kind: colour for kind, colour in trace.KINDS.values()} | {"other": trace.OTHER[1]}
+    colours = trace.COLOURS
     names = list(per_image)
     left = [0.0] * len(names)
     for kind in (k for k in KIND_ORDER if any(per_image[n][k] > 0 for n in names)):

@@ -34,6 +34,7 @@ COMM_WORDS = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scat
 COPY_WORDS = ("Memcpy", "cudaMemcpy", "pin_memory", "aten::_to_copy", "aten::copy_")
 DEEP_COPIES = ("Memcpy", "cudaMemcpy", "pin_memory")     # kept below the top level (aten::copy_ is everywhere)
 OTHER = ("other", "#BBBBBB")
+COLOURS = {kind: colour for kind, colour in KINDS.values()} | {OTHER[0]: OTHER[1]}    # kind -> colour
 
 
 def kind_of(name: str) -> str:
@@ -90,7 +91,7 @@ class Timeline:
         import matplotlib.pyplot as plt
         if ax is None:
             _, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * max(len(self.rows), 1)))
-        colours = {kind: colour for kind, colour in KINDS.values()} | {"other": OTHER[1]}
+        colours = COLOURS
         for y, row in enumerate(self.rows):
             for kind, colour in colours.items():
                 for depth, (top, height) in enumerate(((-0.38, 0.76), (0.02, 0.36))):
