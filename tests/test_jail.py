@@ -208,4 +208,50 @@ def test_a_missing_command_is_exit_127(tmp_path):
 
 def test_describe():
     tmp = "read-only /tmp" if str(Path(__file__).resolve()).startswith("/tmp/") else "private /tmp"
-    assert jail.describe().startswith(f"namespaces, read-only file system, {tmp}, own PID namespace, runs as ")
+    assert jail.describe().startswith(f"namespaces, read-only file system, {tmp}, own PID namespace, "
+                                      "loopback-only network, runs as ")
+
+
+def test_loopback_works_and_nothing_else_is_reachable(tmp_path):
+    """gloo and torchrun inside the jail talk over 127.0.0.1; the outside world, DNS included, is gone."""
+    run = jailed("""
+        import socket
+        server = socket.create_server(("127.0.0.1", 0))
+        socket.create_connection(server.getsockname(), timeout=5).sendall(b"hi")
+        print(server.accept()[0].recv(2).decode())
+        for where in (("1.1.1.1", 53), ("10.0.0.1", 80)):
+            try:
+                socket.create_connection(where, timeout=3)
+                print("reached", where)
+            except OSError as exc:
+                print(exc.errno)
+        print(sorted(name for _, name in socket.if_nameindex()))
+    """, tmp_path)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.split("\n")
+    assert lines[0] == "hi" and lines[1] == lines[2] == "101" and lines[3] == "['lo']", run.stdout
+
+
+def test_resource_limits_hold_and_cannot_be_raised(tmp_path):
+    from course_lib.grading.limits import Limits
+    code = """
+        import os, resource
+        try:
+            bytearray(512 << 20)
+            print("allocated")
+        except MemoryError:
+            print("MemoryError")
+        try:
+            resource.setrlimit(resource.RLIMIT_DATA, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            print("raised")
+        except (ValueError, OSError):
+            print("kept")
+        print(resource.getrlimit(resource.RLIMIT_CPU)[0], resource.getrlimit(resource.RLIMIT_NPROC)[0])
+    """
+    argv = jail.wrap([sys.executable, "-c", textwrap.dedent(code)], work=tmp_path, user=False,
+                     limits=Limits(memory_mb=256, cpu_seconds=30, processes=64))
+    run = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:3] == ["MemoryError", "kept", "30 64"], run.stdout
+    with pytest.raises(ValueError, match="memory_mb must be a whole number >= 1"):
+        Limits(memory_mb=0)

@@ -4,7 +4,9 @@
     python -m course_lib.grade submission.ipynb --json           # last line: {"score", "max_score", "points", ...}
     python -m course_lib.grade submission.ipynb --report r.json  # the same object, in a file only the grader writes
     python -m course_lib.grade submission.ipynb --source /private/practicum_scale_out.ipynb
+    python -m course_lib.grade submission.ipynb --gradescope results.json  # Gradescope's results format
     COURSE_SOLUTIONS_DIR=/private/sources python -m course_lib.grade submission.ipynb
+    python -m course_lib.grade submitted/ --out graded/ --jobs 4       # a whole class: see grading.classroom
 
 What runs is built from the instructor's SOURCE (the solutions/ notebook, with hidden tests), not
 from the submission: every cell comes from the source except the answer cells (nbgrader
@@ -60,10 +62,12 @@ except ImportError as exc:
     raise ImportError(f"grading needs nbformat and nbclient ({exc}): pip install 'course_lib[grading]'") from exc
 
 from . import jail
+from .limits import Limits
 from .remote import COURSE_ROOT, Sandbox, SandboxLost, StudentError, grading
 from .validate_notebook import notebook_problem
 
 SOLUTIONS_DIR = Path("solutions")   # relative: under the folder the grader runs in
+STARTUP_S = 120.0                   # how long a sandbox may take to start, outside every cell's time limit
 
 
 @dataclass
@@ -262,6 +266,9 @@ class _Runner:
             box = Sandbox(self.folder, self.hide, self.generation)
             self.generation += 1
             try:
+                # its start (Python, IPython, torch: seconds on a busy machine) is not the student's time
+                box.deadline = time.monotonic() + min(STARTUP_S, self.deadline - time.monotonic())
+                box.run_cell("pass")
                 for i, (source, grade_id) in enumerate(self.plan.sandbox):
                     if i in self.skip:
                         continue
@@ -318,8 +325,11 @@ class _Runner:
             self.box = None
 
 
-def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float = 900.0) -> Report:
-    """Grade the notebook at `submission` against its source; never modifies either file."""
+def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float = 900.0,
+          limits: Limits | None = None) -> Report:
+    """Grade the notebook at `submission` against its source; never modifies either file. `limits`: the
+    resource limits of every process that runs the student's code (default: Limits())."""
+    limits = limits or Limits()
     start, submission = time.monotonic(), Path(submission)
     if not submission.exists():
         raise FileNotFoundError(f"the submission {submission} was not found")
@@ -331,7 +341,7 @@ def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float =
     plan = build(read_notebook(source), sub_nb)
     # unreadable: the error says why in one line; "answer missing" notes for every cell would only hide it
     report = Report(str(submission), str(source), notes=plan.notes if sub_nb is not None else [], error=error,
-                    sandbox=jail.describe())
+                    sandbox=f"{jail.describe()}; {limits.describe()}")
     tests = [(s, g, p) for s, g, p in plan.trusted if g]
     if sub_nb is None:
         for _, grade_id, points in tests:
@@ -340,7 +350,7 @@ def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float =
             report.messages[grade_id] = "not run: the submission is not a readable notebook (see its error)"
     else:
         hide = _hidden(source, submission)
-        with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp, grading(hide):
+        with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp, grading(hide, limits):
             runner = _Runner(plan, Path(tmp), hide, cell_timeout, start + timeout)
             try:
                 for source_code, grade_id, points in plan.trusted:
@@ -376,27 +386,65 @@ def format_report(report: Report) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m course_lib.grade", description=__doc__.split("\n\n")[0])
-    p.add_argument("submission", help="the student's .ipynb")
+    p.add_argument("submission", help="the student's .ipynb, or a folder of submissions (a class)")
     p.add_argument("--source", default=None, help="the instructor's notebook (default: see COURSE_SOLUTIONS_DIR)")
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
     p.add_argument("--report", default=None, help="also write that JSON object to this file (atomically, once "
                                                    "every process of the submission is dead)")
+    p.add_argument("--gradescope", default=None, help="also write Gradescope's results.json to this file")
     p.add_argument("--cell-timeout", type=float, default=120.0, help="seconds per cell")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole notebook")
+    defaults = Limits()
+    p.add_argument("--memory-mb", type=int, default=defaults.memory_mb, help="memory per student process (MB)")
+    p.add_argument("--cpu-seconds", type=int, default=defaults.cpu_seconds, help="CPU time per student process")
+    p.add_argument("--processes", type=int, default=defaults.processes, help="processes and threads (fork guard)")
+    p.add_argument("--out", default=None, help="a class: the results folder (default: SUBMISSIONS_DIR-graded)")
+    p.add_argument("--jobs", type=int, default=None, help="a class: submissions graded at once (default: one per "
+                                                           "2 cores)")
+    p.add_argument("--force", action="store_true", help="a class: regrade every submission, not only new or "
+                                                        "changed ones")
     args = p.parse_args(argv)
     if not args.cell_timeout > 0 or not args.timeout > 0:
         p.error("--cell-timeout and --timeout must be > 0")
     try:
-        report = grade(args.submission, args.source, args.cell_timeout, args.timeout)
+        limits = Limits(args.memory_mb, args.cpu_seconds, args.processes)
+    except ValueError as exc:
+        p.error(str(exc).replace("memory_mb", "--memory-mb").replace("cpu_seconds", "--cpu-seconds")
+                .replace("processes", "--processes"))
+    if Path(args.submission).is_dir():
+        return _grade_class(args, limits)
+    try:
+        report = grade(args.submission, args.source, args.cell_timeout, args.timeout, limits)
     except (FileNotFoundError, ValueError) as exc:   # no submission, no source, or an unreadable source
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.report:
         write_report(report, args.report)
+    if args.gradescope:
+        from .gradebook import atomic_write, gradescope_results
+        atomic_write(Path(args.gradescope), json.dumps(gradescope_results(
+            {"report": asdict(report), "seconds": report.seconds}), indent=1) + "\n")
     print(format_report(report))
     if args.json:
         print(json.dumps(asdict(report)))
     return 1 if report.error else 0
+
+
+def _grade_class(args, limits: Limits) -> int:
+    from . import classroom
+    if args.jobs is not None and args.jobs < 1:
+        print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"{Path(args.submission).resolve()}-graded")
+    try:
+        records = classroom.grade_class(args.submission, out, args.jobs, args.source, args.cell_timeout,
+                                        args.timeout, limits, args.force)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print((out / "summary.txt").read_text().rstrip())
+    print(f"gradebook: {out / 'gradebook.csv'}; feedback: {out}/<student>/feedback.md; histogram: {out / 'totals.png'}")
+    return 0 if all(r["status"] in ("graded", "unreadable") for r in records) else 1
 
 
 def write_report(report: Report, path) -> None:

@@ -12,7 +12,10 @@ otherwise it keeps the grader's uid, without capabilities, in a user namespace o
 mounts are locked: it cannot unmount or remount anything. Root without capabilities still owns
 root's files, so device nodes that give their owner more than everyone (disks, /dev/kmsg) are
 covered with /dev/null, and /proc/sys, /proc/sysrq-trigger, /proc/irq, /proc/bus are read-only.
-Not isolated: the network, and CPU, memory and time limits (the caller's job).
+It has a network namespace of its own with only the loopback interface (up): processes inside
+talk to each other over 127.0.0.1 (gloo, torchrun), nothing outside is reachable, not even DNS.
+`limits` (course_lib.grading.limits) cap each process's memory, CPU time and the number of
+processes; wall-clock time is the caller's job.
 
 wrap() starts this file in isolated mode (python -I -S jail.py), not `python -m
 course_lib.grading.jail`: that would import course_lib and so torch, seconds per start.
@@ -35,7 +38,8 @@ from pathlib import Path
 
 NOBODY = 65534
 TMPFS = "size=512m,mode=1777"
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
@@ -47,9 +51,10 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
-def wrap(command: list[str], work: str | os.PathLike, hide=(), user: bool = True) -> list[str]:
-    """The argv that runs `command` jailed in `work` (an existing folder); as nobody if `user` and possible."""
-    return _argv(command, work, hide, user and os.geteuid() == 0 and can_drop_user())
+def wrap(command: list[str], work: str | os.PathLike, hide=(), user: bool = True, limits=None) -> list[str]:
+    """The argv that runs `command` jailed in `work` (an existing folder); as nobody if `user` and possible;
+    `limits`: a course_lib.grading.limits.Limits (None: no resource limits)."""
+    return _argv(command, work, hide, user and os.geteuid() == 0 and can_drop_user(), limits)
 
 
 @functools.cache
@@ -74,13 +79,14 @@ def describe() -> str:
         return f"none: {reason}"
     who = "as nobody" if can_drop_user() else f"as {'root' if os.geteuid() == 0 else 'its uid'} without capabilities"
     tmp = "read-only /tmp" if any(n.startswith("/tmp/") for n in _needed([sys.executable])) else "private /tmp"
-    return f"namespaces, read-only file system, {tmp}, own PID namespace, runs {who}"
+    return f"namespaces, read-only file system, {tmp}, own PID namespace, loopback-only network, runs {who}"
 
 
-def _argv(command, work, hide, user: bool) -> list[str]:
+def _argv(command, work, hide, user: bool, limits=None) -> list[str]:
     hidden = [arg for path in hide for arg in ("--hide", os.path.abspath(path))]
+    limited = [arg for name, value in (limits.rlimits().items() if limits else ()) for arg in ("--rlimit", f"{name}={value}")]
     return [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--work", os.path.abspath(work),
-            *hidden, *(["--user"] if user else []), "--", *map(str, command)]
+            *hidden, *limited, *(["--user"] if user else []), "--", *map(str, command)]
 
 
 def _try(command: list[str], user: bool, timeout: float) -> str | None:
@@ -187,6 +193,27 @@ def _build_file_system(work: str, hide: list[str], needed: list[str]) -> None:
             _remount(path, _mount_points()[path], readonly=True)
 
 
+def _loopback_up() -> None:
+    """Bring `lo` up in the new network namespace (it starts down): 127.0.0.1 works, nothing else exists."""
+    import fcntl
+    import socket
+    import struct
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        flags = struct.unpack("16sh22x", fcntl.ioctl(sock, SIOCGIFFLAGS, struct.pack("16sh22x", b"lo", 0)))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | IFF_UP))
+
+
+def _set_rlimits(rlimits: list[str]) -> None:
+    """NAME=VALUE pairs (resource.RLIMIT_<NAME>), soft and hard alike: the command cannot raise them."""
+    import resource
+    for item in rlimits:
+        name, value = item.split("=")
+        which = getattr(resource, f"RLIMIT_{name}")
+        hard = resource.getrlimit(which)[1]   # never above what this process may set
+        value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        resource.setrlimit(which, (value, value))
+
+
 def _drop_privileges(work: str, uid: int, gid: int, nobody: bool) -> None:
     os.chdir(work)
     if nobody:
@@ -238,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", required=True, help="the command's private folder (exists)")
     parser.add_argument("--hide", action="append", default=[], help="a folder or file to show empty")
     parser.add_argument("--user", action="store_true", help="a root grader: run the command as nobody")
+    parser.add_argument("--rlimit", action="append", default=[], help="NAME=VALUE: resource.RLIMIT_NAME for the command")
     args, command = parser.parse_args(argv[:split]), argv[split + 1:]
     if not command:
         parser.error("no command after --")
@@ -246,9 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
     try:
         if uid == 0:
-            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare mount and PID namespaces")
+            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET), "unshare mount, PID and network namespaces")
         else:   # unprivileged user namespaces: be root there, over our own namespaces
-            _enter_user_namespace(0, 0, CLONE_NEWNS | CLONE_NEWPID)
+            _enter_user_namespace(0, 0, CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET)
         alive, parent_alive = os.pipe()   # the child sees EOF once this process is gone
         child = os.fork()
     except OSError as exc:
@@ -259,6 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     os.close(parent_alive)
     try:   # PID 1 of the new namespace
         _die_with_parent(alive)
+        _loopback_up()
         _build_file_system(args.work, args.hide, _needed(command))
         _drop_privileges(args.work, uid, gid, nobody=args.user and uid == 0)
         _die_with_parent(alive)   # changing credentials cleared the parent-death signal
@@ -271,9 +300,10 @@ def main(argv: list[str] | None = None) -> None:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):   # Python ignores these; exec would keep that
             signal.signal(sig, signal.SIG_DFL)
         try:
+            _set_rlimits(args.rlimit)
             os.execvpe(command[0], command, env)
-        except OSError as exc:
-            sys.stderr.write(f"jail: cannot run {command[0]}: {exc.strerror}\n")
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"jail: cannot run {command[0]}: {getattr(exc, 'strerror', None) or exc}\n")
             sys.stderr.flush()
             os._exit(127)
     # Stay a reaper of orphans; when the command ends, so does PID 1, and the kernel kills the rest

@@ -37,6 +37,7 @@ import torch
 import course_lib
 
 from . import jail, wire
+from .limits import Limits
 from ..data import cache_dir, data_root
 from ..processes import kill_tree
 
@@ -138,17 +139,20 @@ def is_remote(obj) -> bool:
 
 
 _hidden: list | None = None     # while grade() runs: what no process of the student may see
+_limits: Limits = Limits()       # while grade() runs: the resource limits of the student's processes
 
 
 @contextlib.contextmanager
-def grading(hide):
-    """While grading: student_command jails every process the checks start for the student's code."""
-    global _hidden
-    previous, _hidden = _hidden, list(hide)
+def grading(hide, limits: Limits | None = None):
+    """While grading: student_command jails every process the checks start for the student's code,
+    with `limits` (default: Limits())."""
+    global _hidden, _limits
+    previous = _hidden, _limits
+    _hidden, _limits = list(hide), limits or Limits()
     try:
         yield
     finally:
-        _hidden = previous
+        _hidden, _limits = previous
 
 
 def student_command(argv: list, work: Path) -> list:
@@ -156,7 +160,7 @@ def student_command(argv: list, work: Path) -> list:
     its only writable folder, while grading and where the machine allows it; as it is otherwise."""
     if _hidden is None or jail.available() is not None:
         return list(argv)
-    return jail.wrap(list(argv), work=Path(work), hide=_hidden)
+    return jail.wrap(list(argv), work=Path(work), hide=_hidden, limits=_limits)
 
 
 class _Link:
@@ -198,12 +202,13 @@ class Sandbox:
                    PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", COURSE_DATA_DIR=str(data_root().resolve()),
                    COURSE_CACHE_DIR=str(self.work / ".cache"))
         argv = [sys.executable, "-c", "from course_lib.grading.answers import main; main()", str(self.work / "output.log")]
-        if jail.available() is None:
-            argv = jail.wrap(argv, work=self.work, hide=hide)
+        jailed = jail.available() is None
+        if jailed:
+            argv = jail.wrap(argv, work=self.work, hide=hide, limits=_limits)
         _copy_cache(self.work / ".cache")
         self.errors = open(self.folder / f"sandbox{generation}.err", "w+b")   # the jail's own complaints
         self.proc = Popen(argv, stdin=PIPE, stdout=PIPE, stderr=self.errors, cwd=self.work, env=env,
-                          start_new_session=True)
+                          start_new_session=True, preexec_fn=None if jailed else _limits.apply)
         self.inbox: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
