@@ -108,8 +108,8 @@ def test_what_if_table_nvlink_beats_ethernet():
     assert len(rows) == len(cm.EXAMPLE_MODELS) * len(cm.LINKS)
     by = {(r["model"], r["link"]): r for r in rows}
     for model in cm.EXAMPLE_MODELS:
-        assert by[(model, "NVLink")]["efficiency"] >= by[(model, "10 GbE")]["efficiency"]
-    assert by[("1B-param", "10 GbE")]["efficiency"] < 0.5 < by[("ResNet-50", "NVLink")]["efficiency"]
+        assert by[(model, "NVLink4 (H100)")]["efficiency"] >= by[(model, "10 GbE")]["efficiency"]
+    assert by[("1B-param", "10 GbE")]["efficiency"] < 0.5 < by[("ResNet-50", "NVLink4 (H100)")]["efficiency"]
     with pytest.raises(ValueError, match="n_gpus"):
         cm.what_if_table(n_gpus=0)
 
@@ -140,3 +140,21 @@ def test_quick_benchmark_measures_both_implementations_on_two_ranks():
     assert [r["bytes"] for r in s["table"]] == [2**10, 2**14, 2**16, 2**18, 2**20, 2**22, 2**24]
     assert all(r["torch_s"] > 0 and r["ring_s"] > 0 for r in s["table"])
     assert len(result.rows) == 7 and "ring busbw GB/s" in result.rows[0]
+
+
+def test_links_are_per_direction_and_named_by_generation():
+    for name, (both, one) in cm.NVLINK_GENERATIONS.items():
+        assert one == both / 2 and "NVLink" in name and "(" in name       # per direction = half the total
+    assert cm.LINKS["NVLink4 (H100)"][1] == 450 and cm.LINKS["InfiniBand NDR"][1] == 400 / 8
+    assert [cm.link_for(g) for g in (2, 8, 9, 64)] == ["NVLink4 (H100)"] * 2 + ["InfiniBand NDR"] * 2
+    assert cm.link_for(72, domain=cm.NVLINK_DOMAIN["GB200 NVL72"]) == "NVLink4 (H100)"
+    with pytest.raises(ValueError, match="between"):
+        cm.link_for(16, between="carrier pigeon")
+
+
+def test_terms_split_latency_from_bandwidth():
+    lat, bw = cm.allreduce_terms("ring", 1e6, 4, A, B)
+    assert lat == pytest.approx(6 * A) and bw == pytest.approx(1.5e-3)
+    assert lat + bw == pytest.approx(cm.ring_time(1e6, 4, A, B))
+    lat, bw = cm.allreduce_terms("ring", np.array([1e6, 1e6]), 1024, A, B)
+    assert lat == pytest.approx(2 * 1023 * A) and bw == pytest.approx(2 * 1023 / 1024 * 1e6 * B)

@@ -1,21 +1,25 @@
-"""The "second way" to all-reduce gradients: a parameter server, against ring all-reduce.
+"""Who adds up the gradients: one master (a parameter server), S sharded servers, or nobody (all-reduce).
 
-Parameter server (rank 0 is the server, and also computes like every other rank):
+Parameter server (rank 0 is the server, and also computes like every other rank): the MASTER topology
     every rank: gradient on its shard -> send to rank 0 (push)
     rank 0:     average the N gradients, take the SGD step, send the new weights to everyone (pull)
-All-reduce data parallelism: every rank all-reduces the gradient (ring) and takes the same step itself.
+Sharded parameter server (BytePS-style, Jiang et al., OSDI 2020): S servers, server s owns 1/S of the
+parameters; every rank pushes chunk s of its gradient to server s and pulls chunk s of the weights back.
+All-reduce data parallelism, no master: every rank all-reduces the gradient (ring) and takes the same step.
 
-Both compute the same update, so they end at the same weights (up to float summation order).
-The difference is where the bytes go: per step the server receives and sends (N-1) x P values,
-while in the ring every rank sends only 2(N-1)/N x P: the server's link is the bottleneck, the ring
-spreads the load evenly. (In exchange a server can apply updates asynchronously and tolerate slow or
-lost workers; the ring is synchronous and needs every rank.)
+All three compute the same update, so they end at the same weights (up to float summation order).
+The difference is where the bytes go: per step the single server receives and sends (N-1) x P values;
+each of S sharded servers (N-1) x P / S; in the ring every rank sends only 2(N-1)/N x P, evenly.
+(In exchange a server can apply updates asynchronously and tolerate slow or lost workers; the ring is
+synchronous and needs every rank.)
 
     from course_lib.distributed.launch import launch
     from course_lib.distributed.paramserver import train_both
     results = launch(train_both, 4)   # per rank: final weights of both methods and their traffic
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
@@ -93,18 +97,43 @@ def param_server_step(w: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
         dist.recv(w, 0)
 
 
+def sharded_server_step(w: torch.Tensor, grad: torch.Tensor, lr: float, servers: int | None = None) -> None:
+    """S = `servers` (default: every rank) servers, ranks 0..S-1; server s owns chunk s of w (tensor_split):
+    each rank pushes gradient chunk s to server s, which averages it, updates its chunk and sends it back."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    s_count = n if servers is None else servers
+    if not isinstance(s_count, int) or not 1 <= s_count <= n:
+        raise ValueError(f"servers must be an int in 1..world_size={n} or None; got {servers!r}")
+    grads, chunks = torch.tensor_split(grad, s_count), torch.tensor_split(w, s_count)   # views into w
+    reqs = [dist.isend(grads[s].contiguous(), s) for s in range(s_count) if s != rank]    # push
+    if rank < s_count:   # this rank is a server: sum its chunk from every rank, step, send it back
+        total, buf = grads[rank].clone(), torch.empty_like(grads[rank])
+        for r in (r for r in range(n) if r != rank):
+            dist.recv(buf, r)
+            total += buf
+        chunks[rank].sub_(lr * total / n)
+        reqs += [dist.isend(chunks[rank], r) for r in range(n) if r != rank]
+    for s in (s for s in range(s_count) if s != rank):                                  # pull
+        dist.recv(chunks[s], s)
+    for req in reqs:
+        req.wait()
+
+
 def all_reduce_step(w: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
     """Ring all-reduce of the gradient; every rank takes the same averaged step itself."""
     all_reduce_ring(grad)
     w -= lr * grad / dist.get_world_size()
 
 
-def train_both(rank: int, world_size: int, steps: int = 20, batch: int = 16, lr: float = 0.1, seed: int = 0) -> dict:
-    """Worker: train with the parameter server and with all-reduce; final weights (list of P floats) and
-    Traffic of each. Lists, not tensors: a tensor returned from a worker travels through shared memory
+def train_both(rank: int, world_size: int, steps: int = 20, batch: int = 16, lr: float = 0.1, seed: int = 0,
+               servers: int | None = None) -> dict:
+    """Worker: train with one parameter server, with every rank a server for 1/N of the weights (sharded)
+    (or `servers` of them) and with all-reduce; final weights (list of P floats) and Traffic of each. Lists, not tensors: a tensor returned from a worker travels through shared memory
     that can vanish when the worker exits."""
     out = {}
-    for name, sync in (("param_server", param_server_step), ("all_reduce", all_reduce_step)):
+    sharded = functools.partial(sharded_server_step, servers=servers)
+    for name, sync in (("param_server", param_server_step), ("sharded_server", sharded),
+                       ("all_reduce", all_reduce_step)):
         with count_traffic() as traffic:
             out[name] = _train(rank, world_size, sync, steps, batch, lr, seed).tolist()
         out[name + "_traffic"] = traffic
