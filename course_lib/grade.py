@@ -1,7 +1,7 @@
-"""Entry point only: `python -m course_lib.grade` runs course_lib.grading.grade.main (see that module)."""
+"""Entry point only: `python -m course_lib.grade` runs course_lib.grading.cli.main (see that module)."""
 import sys
 
-from course_lib.grading.grade import main
+from course_lib.grading.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,11 +8,14 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
+from nbtools import ROOT
+from test_grade import cli_env, submission, toy_source
 
-from course_lib.grading import classroom, gradebook, grade
-from test_grade import toy_source, submission
+from course_lib.grading import classroom, cli, grade, gradebook
 
 STUB = "def {}(*args):\n    raise NotImplementedError"
 CLASS = {   # student -> (answers, expected points of toy_add_test, toy_mul_test, toy_sq_test)
@@ -39,7 +42,7 @@ def graded(tmp_path_factory):
     out = root / "results"
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        code = grade.main([str(root / "submissions"), "--source", str(source), "--out", str(out), "--jobs", "2",
+        code = cli.main([str(root / "submissions"), "--source", str(source), "--out", str(out), "--jobs", "2",
                            "--cell-timeout", "5", "--timeout", "120", "--memory-mb", "2048"])
     return source, root / "submissions", out, code, stdout.getvalue()
 
@@ -131,10 +134,10 @@ def test_bad_arguments_say_what_is_allowed(tmp_path, capsys):
     (tmp_path / "empty" / "a.ipynb").write_text("{}")
     with pytest.raises(ValueError, match="inside the submissions folder"):
         classroom.grade_class(tmp_path / "empty", tmp_path / "empty" / "out")
-    assert grade.main([str(tmp_path / "empty"), "--jobs", "0"]) == 2
+    assert cli.main([str(tmp_path / "empty"), "--jobs", "0"]) == 2
     assert "--jobs must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        grade.main([str(tmp_path / "empty"), "--memory-mb", "0"])
+        cli.main([str(tmp_path / "empty"), "--memory-mb", "0"])
     assert "--memory-mb must be a whole number >= 1" in capsys.readouterr().err
     assert classroom.default_jobs() == max(1, len(os.sched_getaffinity(0)) // 2)
 
@@ -146,3 +149,22 @@ def test_histogram_and_summary_of_a_small_class():
     text = gradebook.summary([record("a", 2.0), record("b", 8.0), record("c", 5.0, "timeout")])
     assert text.splitlines()[0] == "3 submissions: mean 5.00, median 5 of 10 points"
     assert "slowest: b/n.ipynb 8 s, c/n.ipynb 5 s, a/n.ipynb 2 s" in text and "c/n.ipynb (timeout)" in text
+
+
+def test_gradescope_run_autograder_grades_one_submission(tmp_path):
+    """tools/gradescope/run_autograder as Gradescope runs it, in a stand-in for /autograder."""
+    (tmp_path / "source" / "solutions").mkdir(parents=True)
+    source, nb = toy_source(tmp_path / "source" / "solutions")
+    (tmp_path / "submission").mkdir()
+    shutil.move(submission(tmp_path, nb, {"toy_mul": "def mul(a, b):\n    return 0"}), tmp_path / "submission")
+    env = {**cli_env(), "AUTOGRADER_ROOT": str(tmp_path), "PYTHON": sys.executable}
+    script = ROOT / "tools" / "gradescope" / "run_autograder"
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert results["score"] == 4.0 and [t["score"] for t in results["tests"]] == [1.0, 0.0, 3.0], results
+    for f in (tmp_path / "submission").iterdir():
+        f.unlink()
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    results = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert results["score"] == 0 and "No .ipynb was submitted" in results["output"]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
-import course_lib
 from conftest import needs_mnist
-from course_lib.grading import exercises, grade
 from nbtools import ROOT
 from test_processes import marker  # noqa: F401 - the fixture: nothing a test starts may outlive it
+
+import course_lib
+from course_lib.grading import cli, exercises, grade
 
 SOLUTION = "\n    ### BEGIN SOLUTION\n    {}\n    ### END SOLUTION"
 HIDDEN = "\n### BEGIN HIDDEN TESTS\n{}\n### END HIDDEN TESTS"
@@ -99,7 +99,7 @@ def test_the_total_deadline_and_bad_timeouts(toy, tmp_path):
     assert set(report.status.values()) <= {"not run", "died", "timeout"} and report.score == 0, report.status
     assert report.seconds < 40
     with pytest.raises(SystemExit):
-        grade.main([str(sub), "--source", str(path), "--cell-timeout", "0"])
+        cli.main([str(sub), "--source", str(path), "--cell-timeout", "0"])
 
 
 def test_toy_solution_full_points_and_student_version_zero(toy, tmp_path):
@@ -158,7 +158,7 @@ def test_a_notebook_that_is_not_json_scores_zero(toy, tmp_path, capsys):
     path, _ = toy
     broken = tmp_path / "toy.ipynb.broken"
     broken.write_text('{"cells": [ {"cell_type": "code", ')
-    assert grade.main([str(broken), "--source", str(path), "--json"]) == 1
+    assert cli.main([str(broken), "--source", str(path), "--json"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     result = json.loads(out[-1])
     assert result["score"] == 0 and result["max_score"] == 6 and result["points"] == dict.fromkeys(TOY_POINTS, 0.0)
@@ -171,7 +171,7 @@ def test_cli_json_and_no_files_left_behind(toy, tmp_path, capsys, monkeypatch):
     private = tmp_path / "tmp"
     private.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private))
-    assert grade.main([str(path), "--source", str(path), "--json"]) == 0
+    assert cli.main([str(path), "--source", str(path), "--json"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     result = json.loads(out[-1])
     assert (result["score"], result["max_score"], result["points"]) == (6, 6, TOY_POINTS)
@@ -193,7 +193,7 @@ def test_finding_the_source(toy, tmp_path, monkeypatch):
         grade.find_source(renamed, grade.read_notebook(renamed))
     with pytest.raises(FileNotFoundError):
         grade.find_source(sub, None, tmp_path / "nope.ipynb")
-    assert grade.main([str(sub), "--source", str(tmp_path / "nope.ipynb")]) == 2
+    assert cli.main([str(sub), "--source", str(tmp_path / "nope.ipynb")]) == 2
     monkeypatch.chdir(tmp_path / "submitted")                 # no solutions/ here: the message names the folder
     with pytest.raises(FileNotFoundError, match="there is no folder .*solutions"):
         grade.find_source(sub, grade.read_notebook(sub))
