@@ -11,6 +11,7 @@ roofline (`course_lib.roofline`).
     peak, why = estimate_peak_gflops("cpu")  # value (or None) and how it was found
     measure_bandwidth_gbs()                  # e.g. 12.0 (GB/s, a 64 MiB copy)
     peak_flops("cpu")                        # Peak(flops=1.2e11, source="measured: ...") for MFU
+    print(chips_table())                     # CHIPS: datasheet memory, bandwidth, peaks, with sources
 """
 from __future__ import annotations
 
@@ -171,6 +172,8 @@ GPU_PEAKS_TFLOPS = (
     ("H100 PCIe", "NVIDIA H100 PCIe", {torch.float32: 51.2, torch.bfloat16: 756.0, torch.float16: 756.0}),
     ("H100", "NVIDIA H100 SXM", {torch.float32: 66.9, torch.bfloat16: 989.4, torch.float16: 989.4}),
     ("H200", "NVIDIA H200 SXM", {torch.float32: 66.9, torch.bfloat16: 989.4, torch.float16: 989.4}),
+    ("B200", "NVIDIA B200 (HGX)", {torch.bfloat16: 2250.0, torch.float16: 2250.0}),   # no fp32 row used here
+    ("MI300X", "AMD Instinct MI300X", {torch.float32: 163.4, torch.bfloat16: 1307.4, torch.float16: 1307.4}),
     ("A100", "NVIDIA A100", {torch.float32: 19.5, torch.bfloat16: 312.0, torch.float16: 312.0}),
     ("V100", "NVIDIA V100 SXM2", {torch.float32: 15.7, torch.float16: 125.0}),
     ("T4", "NVIDIA T4", {torch.float32: 8.1, torch.float16: 65.0}),
@@ -179,14 +182,68 @@ GPU_PEAKS_TFLOPS = (
 )
 
 
+class Chip(NamedTuple):
+    """Datasheet figures of one processor: memory (GB, None for DIMMs), bandwidth (GB/s), dense
+    peaks (TFLOP/s, no sparsity; None where the vendor gives none) and the datasheet they come from."""
+
+    name: str
+    kind: str
+    memory_gb: float | None
+    bandwidth_gbs: float
+    bf16_tflops: float | None
+    fp8_tflops: float | None
+    source: str
+
+
+def ddr_bandwidth_gbs(channels: int, mega_transfers: int) -> float:
+    """Peak DRAM bandwidth of a CPU socket: channels x MT/s x 8 bytes per 64-bit transfer."""
+    positive_int("channels", channels)
+    positive_int("mega_transfers", mega_transfers)
+    return channels * mega_transfers * 8 / 1000
+
+
+# Per chip (a GPU package, one TPU chip, one CPU socket). Dense = without 2:4 sparsity; vendors
+# often print the sparse figure, twice as large. B200's package has 192 GB of HBM3e of which NVIDIA
+# exposes 180 GB; GB200 figures are the GB200 NVL72 rack's divided by its 72 GPUs.
+CHIPS = (
+    Chip("NVIDIA H100 SXM", "GPU", 80, 3350, 989, 1979, "NVIDIA H100 Tensor Core GPU datasheet (2023)"),
+    Chip("NVIDIA H200 SXM", "GPU", 141, 4800, 989, 1979, "NVIDIA H200 Tensor Core GPU datasheet (2024)"),
+    Chip("NVIDIA B200 (HGX)", "GPU", 180, 8000, 2250, 4500, "NVIDIA HGX B200 / DGX B200 datasheets (2024)"),
+    Chip("NVIDIA GB200 (per GPU)", "GPU", 186, 8000, 2500, 5000, "NVIDIA GB200 NVL72 datasheet (2024), / 72"),
+    Chip("AMD Instinct MI300X", "GPU", 192, 5300, 1307, 2615, "AMD Instinct MI300X data sheet (2023)"),
+    Chip("AMD Instinct MI355X", "GPU", 288, 8000, 2500, 5000, "AMD Instinct MI355X data sheet (2025)"),
+    Chip("Google TPU v5p", "TPU", 95, 2765, 459, None, "Google Cloud TPU v5p documentation (2023)"),
+    Chip("Google TPU v6e (Trillium)", "TPU", 32, 1640, 918, None, "Google Cloud TPU v6e documentation (2024)"),
+    Chip("Google TPU v7 (Ironwood)", "TPU", 192, 7370, None, 4614, "Google Cloud Ironwood announcement (Apr 2025)"),
+    Chip("AMD EPYC 9965, 192 cores", "CPU", None, ddr_bandwidth_gbs(12, 6400), None, None,
+         "AMD EPYC 9005 series product page (2024): 12 x DDR5-6400 per socket"),
+    Chip("Intel Xeon 6980P, 128 cores", "CPU", None, ddr_bandwidth_gbs(12, 6400), None, None,
+         "Intel Xeon 6900P series product brief (2024): 12 x DDR5-6400 per socket"),
+    Chip("a laptop, 2 x DDR5-5600", "CPU", None, ddr_bandwidth_gbs(2, 5600), None, None,
+         "JEDEC DDR5-5600: 5600 MT/s x 8 bytes per channel"),
+)
+
+
+def chips_table() -> str:
+    """CHIPS as aligned text, one row per chip, for printing."""
+    def fmt(v, width):
+        return f"{'-' if v is None else f'{v:,.0f}':>{width}}"
+    lines = [f"{'chip':29} {'kind':4} {'memory GB':>9} {'GB/s':>6} {'bf16 TF/s':>9} {'fp8 TF/s':>8}  source"]
+    for c in CHIPS:
+        memory = "DIMMs" if c.memory_gb is None else f"{c.memory_gb:,.0f}"
+        lines.append(f"{c.name:29} {c.kind:4} {memory:>9} {fmt(c.bandwidth_gbs, 6)} {fmt(c.bf16_tflops, 9)} "
+                     f"{fmt(c.fp8_tflops, 8)}  {c.source}")
+    return "\n".join(lines)
+
+
 def gpu_peak_from_name(name: str, dtype=torch.float32) -> PeakEstimate:
     """Datasheet peak for a GPU whose name contains a known model, e.g. 'NVIDIA H100 80GB HBM3'."""
     _check_dtype(dtype)
     for pattern, label, peaks in GPU_PEAKS_TFLOPS:
         if pattern in name:
             if dtype not in peaks:
-                return PeakEstimate(None, f"{label} has no {dtype} matmul peak on its datasheet "
-                                          "(the format is not supported by its tensor cores)")
+                return PeakEstimate(None, f"the course's table has no {dtype} matmul peak for the {label} "
+                                          "(its tensor cores lack the format, or the datasheet gives none)")
             kind = "dense, CUDA cores" if dtype == torch.float32 else "dense, tensor cores"
             return PeakEstimate(peaks[dtype] * 1000, f"datasheet peak of the {label} for {dtype} "
                                                      f"({kind}): {peaks[dtype]} TFLOP/s")

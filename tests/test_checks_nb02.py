@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from course_lib.checks.nb02 import check_float_limits, check_quantize_int8
+from course_lib import systolic
+from course_lib.checks.nb02 import check_float_limits, check_quantize_int8, check_systolic_feed
 from nbtools import ROOT, notebook_namespace
 
 NS = notebook_namespace(ROOT / "solutions" / "02_hardware_and_numbers_exercises.ipynb")
@@ -17,6 +18,7 @@ def stub(*args):
 def test_reference_solutions_pass():
     check_quantize_int8(NS["quantize_int8"], NS["dequantize_int8"])
     check_float_limits(NS["float_limits"])
+    check_systolic_feed(NS["systolic_feed"])
 
 
 def test_stubs_fail():
@@ -26,6 +28,8 @@ def test_stubs_fail():
         check_quantize_int8(NS["quantize_int8"], stub)
     with pytest.raises(NotImplementedError):
         check_float_limits(stub)
+    with pytest.raises(AssertionError, match="a_left"):   # the exercise's stub returns the zero edges
+        check_systolic_feed(lambda A, B, t: (torch.zeros(A.shape[0]), torch.zeros(B.shape[1])))
 
 
 @pytest.mark.parametrize("wrong, hint", [
@@ -78,3 +82,42 @@ def test_float_limits_right_formula_helper_passes():
     check_float_limits(_limits(**RIGHT))
     with pytest.raises(AssertionError, match="tuple"):
         check_float_limits(lambda e, m: [2.0**-m, math.inf, 0.0])
+
+
+def _feed(a_pos, b_pos, b_from_row=False):
+    """A feed with the element numbers a_pos(t, i) / b_pos(t, j); b_from_row reads row j of B instead of column j."""
+    def feed(A, B, t):
+        (n, k), m = A.shape, B.shape[1]
+        a_left, b_top = torch.zeros(n), torch.zeros(m)
+        for i in range(n):
+            if 0 <= a_pos(t, i) < k:
+                a_left[i] = A[i, a_pos(t, i)]
+        for j in range(m):
+            p = b_pos(t, j)
+            if 0 <= p < k and (not b_from_row or (j < k and p < m)):
+                b_top[j] = B[j, p] if b_from_row else B[p, j]
+        return a_left, b_top
+    return feed
+
+
+SKEW = lambda t, i: t - i
+
+
+def test_systolic_feed_helper_right_answer_passes():
+    check_systolic_feed(_feed(SKEW, SKEW))
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_feed(lambda t, i: t, SKEW), "no skew: row i of A"),
+    (_feed(SKEW, lambda t, j: t), "no skew: column j of B"),
+    (_feed(lambda t, i: t - i - 1, SKEW), "off by one"),
+    (_feed(lambda t, i: t - i + 1, SKEW), "off by one"),
+    (_feed(SKEW, lambda t, j: t - j + 1), "off by one"),
+    (_feed(SKEW, lambda t, j: t - j - 1), "off by one"),
+    (_feed(SKEW, SKEW, b_from_row=True), "flows DOWN"),        # B fed along the wrong direction
+    (lambda A, B, t: systolic.feed(A, B, t)[::-1], "shape"),    # edges swapped
+    (lambda A, B, t: list(systolic.feed(A, B, t)), "tuple"),
+])
+def test_systolic_feed_wrong_answers(wrong, hint):
+    with pytest.raises(AssertionError, match=hint):
+        check_systolic_feed(wrong)

@@ -142,3 +142,20 @@ def test_peak_flops_bad_input():
         hardware.peak_flops("cpu", dtype=torch.int8)
     with pytest.raises(ValueError, match="device"):
         hardware.peak_flops("gpu")
+
+
+def test_chips_table_has_current_chips_and_sources():
+    names = " ".join(c.name for c in hardware.CHIPS)
+    for chip in ("B200", "GB200", "MI300X", "MI355X", "Ironwood", "EPYC 9965"):
+        assert chip in names
+    assert all(c.source and c.kind in ("CPU", "GPU", "TPU") and c.bandwidth_gbs > 0 for c in hardware.CHIPS)
+    assert hardware.ddr_bandwidth_gbs(12, 6400) == pytest.approx(614.4)
+    assert hardware.chips_table().count("\n") == len(hardware.CHIPS)
+    with pytest.raises(ValueError, match="channels"):
+        hardware.ddr_bandwidth_gbs(0, 6400)
+
+
+def test_new_gpu_peaks():
+    assert gpu_peak_from_name("NVIDIA B200", torch.bfloat16).gflops == 2250e3
+    assert gpu_peak_from_name("NVIDIA B200", torch.float32).gflops is None
+    assert gpu_peak_from_name("AMD Instinct MI300X", torch.bfloat16).gflops == pytest.approx(1307.4e3)

@@ -77,3 +77,59 @@ def check_float_limits(float_limits) -> None:
                "inf/NaN, so the largest exponent is (2**e - 2) - bias, and the largest mantissa 1.11...1 is "
                "2 - 2**-m (check the bias is 2**(e-1) - 1).")
     passed("float_limits")
+
+
+def _explain_feed(name, got, t, idx, M, expected_pos, axis):
+    """A hint for the first wrong edge value: which entry of M the answer used instead."""
+    where = (M == got).nonzero().tolist() if got != 0 else []
+    want = f"M[{expected_pos[0]}, {expected_pos[1]}]" if expected_pos else "0 (no data enters there yet / any more)"
+    said = f"{name}[{idx}] at cycle t={t} should be {want.replace('M', 'A' if axis == 'row' else 'B')}"
+    if not where:
+        line = "row i of A" if axis == "row" else "column j of B"
+        return (f"{said}; got {got:g}. Hint: {line} starts entering at cycle t = {idx} exactly and its last element "
+                f"enters at cycle {idx} + k - 1 (off by one?); outside that window the edge gets 0.")
+    r, c = where[0]
+    used = f"{'A' if axis == 'row' else 'B'}[{r}, {c}]"
+    line, pos = (r, c) if axis == "row" else (c, r)        # (which row of A / column of B, position along it)
+    if line != idx:
+        hint = ("row i of A enters row i of the array: a_left[i] = A[i, ...]" if axis == "row" else
+                "b flows DOWN the array, so column j of B feeds column j: b_top[j] = B[..., j], not a row of B")
+    elif pos == t:
+        hint = f"no skew: {'row i of A' if axis == 'row' else 'column j of B'} must enter {idx} cycles late (t - {idx})"
+    elif abs(pos - (t - idx)) == 1:
+        hint = f"off by one: the element entering at cycle t is number t - {idx}, not t - {idx} {'+' if pos > t - idx else '-'} 1"
+    else:
+        hint = f"the element entering at cycle t is number t - {idx} of the line"
+    return f"{said}; got {used}. Hint: {hint}."
+
+
+def check_systolic_feed(systolic_feed) -> None:
+    """systolic_feed(A, B, t) -> (a_left (n,), b_top (m,)): what enters an output-stationary array at cycle t."""
+    from .. import systolic
+
+    A = torch.arange(1.0, 13.0).reshape(3, 4)       # distinct values: a wrong entry says which one was used
+    B = torch.arange(13.0, 33.0).reshape(4, 5)
+    n, k = A.shape
+    m = B.shape[1]
+    for t in range(k + n + m - 2):
+        got = systolic_feed(A, B, t)
+        expect(isinstance(got, tuple) and len(got) == 2, f"systolic_feed must return a tuple (a_left, b_top); got {type(got).__name__}")
+        a_left, b_top = got
+        for name, v, size in (("a_left", a_left, n), ("b_top", b_top, m)):
+            expect(isinstance(v, torch.Tensor) and tuple(v.shape) == (size,),
+                   f"{name} must be a tensor of shape ({size},) for A {tuple(A.shape)}, B {tuple(B.shape)}; "
+                   f"got {getattr(v, 'shape', type(v).__name__)}")
+        ref_a, ref_b = systolic.feed(A, B, t)
+        for i in range(n):
+            if a_left[i].item() != ref_a[i].item():
+                raise AssertionError(_explain_feed("a_left", a_left[i].item(), t, i, A,
+                                                   (i, t - i) if 0 <= t - i < k else None, "row"))
+        for j in range(m):
+            if b_top[j].item() != ref_b[j].item():
+                raise AssertionError(_explain_feed("b_top", b_top[j].item(), t, j, B,
+                                                   (t - j, j) if 0 <= t - j < k else None, "column"))
+    gen = torch.Generator().manual_seed(3)
+    A2, B2 = torch.randint(-4, 5, (4, 3), generator=gen).float(), torch.randint(-4, 5, (3, 6), generator=gen).float()
+    expect(torch.equal(systolic.matmul(A2, B2, feed=systolic_feed).C, A2 @ B2),
+           "the array fed by systolic_feed does not compute A @ B for a (4, 3) @ (3, 6) product")
+    passed("systolic_feed")
