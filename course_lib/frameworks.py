@@ -14,6 +14,9 @@ in a module because a spawned process (strategy="ddp_spawn") must import it by n
 `engineering_table()` counts the code lines of the course_lib functions and classes that do each
 of those jobs by hand (`ENGINEERING_JOBS`, a table of names: counted from the code at run time, so
 notebook 16's table stays true when the code changes).
+`FEATURES` / `features_table()`: which API of Lightning, Ignite and Keras 3 takes over each engineering job
+(looked up in the installed packages, so a renamed API shows). The Ignite and Keras runs themselves live in
+`frameworks_ignite` and `frameworks_keras`; Horovod's steps in `horovod_map`.
 `manual_accumulate_and_clip` is the raw-PyTorch meaning of two Trainer flags, and `FlagProbe` a tiny
 LightningModule that records what the Trainer did, to check such mappings.
 """
@@ -23,6 +26,7 @@ import ast
 import importlib
 import inspect
 import io
+import os
 import textwrap
 import tokenize
 
@@ -139,6 +143,63 @@ def engineering_table() -> list[dict]:
         lines = sum(len(code_lines(inspect.getsource(_resolve(n)))) for n in names)
         where = ", ".join(f"`{n.replace(':', '.').removeprefix('course_lib.')}`" for n in names)
         rows.append({"job": job, "course_lib": where, "lines": lines, "lightning": instead})
+    return rows
+
+
+# --- who does each engineering job, framework by framework ----------------------------------------
+
+FRAMEWORKS = ("course_lib", "Lightning", "Ignite", "Keras 3 (torch)")
+# One row per job: per framework the API that does it ("module:attribute", resolved by `features_table`,
+# so a renamed API shows up) and how it is used; None: the framework has nothing for it.
+FEATURES = [
+    ("training loop", [("course_lib.loop:fit", "written by hand"), ("lightning.pytorch:Trainer", "`trainer.fit`"),
+                       ("ignite.engine:create_supervised_trainer", "an Engine with the step; you keep the loop body"),
+                       ("keras:Model", "`model.fit`")]),
+    ("device placement", [("course_lib.env:get_device", "`.to(device)` on model and every batch"),
+                          ("lightning.pytorch:Trainer", "`accelerator=`"),
+                          ("ignite.distributed:auto_model", "`device=` of the trainer, or `idist.auto_model`"),
+                          ("keras.config:backend", "the torch backend picks the GPU when one is visible")]),
+    ("distributed setup", [("course_lib.strategy:setup_strategy", "process group, DDP, samplers by hand"),
+                           ("lightning.pytorch:Trainer", '`devices=N, strategy="ddp"`'),
+                           ("ignite.distributed:Parallel", "`idist.Parallel(backend=...)` + `auto_dataloader/optim`"),
+                           None]),
+    ("checkpointing", [("course_lib.checkpoint:Checkpointer", "rank 0, behind a barrier; resume"),
+                       ("lightning.pytorch.callbacks:ModelCheckpoint", "on by default"),
+                       ("ignite.handlers:Checkpoint", "a handler on an event"),
+                       ("keras.callbacks:ModelCheckpoint", "a callback")]),
+    ("logging", [("course_lib.loop:History", "rank 0 prints; History keeps the numbers"),
+                 ("lightning.pytorch.loggers:CSVLogger", "`self.log(...)`; CSV, TensorBoard, W&B, ..."),
+                 ("ignite.handlers:TensorboardLogger", "loggers attached to events"),
+                 ("keras.callbacks:CSVLogger", "`History` returned by fit; callbacks")]),
+    ("early stopping", [None, ("lightning.pytorch.callbacks:EarlyStopping", "a callback"),
+                        ("ignite.handlers:EarlyStopping", "a handler"),
+                        ("keras.callbacks:EarlyStopping", "a callback")]),
+    ("metrics", [("course_lib.loop:evaluate", "accuracy and loss by hand"), ("torchmetrics:Accuracy", "torchmetrics"),
+                 ("ignite.metrics:Accuracy", "accumulated over batches, synced across ranks"),
+                 ("keras.metrics:SparseCategoricalAccuracy", '`metrics=["accuracy"]`')]),
+]
+
+
+def features_table() -> list[dict]:
+    """FEATURES with every API looked up: {"job", framework: "`api` how" | "—" | "(not installed)"}.
+
+    A framework that is not installed reads "(not installed)"; an API that moved raises AttributeError."""
+    os.environ.setdefault("KERAS_BACKEND", "torch")   # keras reads it once, at its first import
+    rows = []
+    for job, cells in FEATURES:
+        row = {"job": job}
+        for framework, cell in zip(FRAMEWORKS, cells):
+            if cell is None:
+                row[framework] = "—"
+                continue
+            name, how = cell
+            try:
+                _resolve(name)
+            except ModuleNotFoundError:
+                row[framework] = "(not installed)"
+                continue
+            row[framework] = f"`{name.replace(':', '.')}`: {how}"
+        rows.append(row)
     return rows
 
 

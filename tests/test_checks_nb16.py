@@ -61,3 +61,48 @@ def test_wrong_train_epoch_like_trainer_fails(mistake):
 def test_wrong_trainer_flags_fail(flags, message):
     with pytest.raises(AssertionError, match=message):
         check_trainer_flags(lambda: flags)
+
+
+# --- exercise 3: Horovod by hand. ONE launch of 3 gloo processes runs every answer below. --------------------
+
+def _solution_source() -> str:
+    import nbformat
+    nb = nbformat.read(str(ROOT / "solutions" / "16_frameworks_exercises.ipynb"), as_version=4)
+    return next(c.source for c in nb.cells if c.cell_type == "code" and "def train_like_horovod" in c.source)
+
+
+def _variant(source: str, old: str, new: str) -> str:
+    assert old in source, old
+    return source.replace(old, new)
+
+
+def test_horovod_check_passes_the_solution_and_rejects_wrong_answers():
+    from course_lib.checks.nb16 import judge_horovod
+    from course_lib.distributed.launch import launch
+    from nb16_workers import horovod_cases_many
+
+    solution = _solution_source()
+    loop = solution[solution.index("        for p in model.parameters():"):solution.index("        optimizer.step()\n")]
+    answers = {   # name: (source, the message the check must give)
+        "solution": (solution, None),
+        "stub": ("def stub(model, optimizer, batches, root_rank):\n    raise NotImplementedError()\n", None),
+        "summed": (_variant(solution, "            p.grad /= dist.get_world_size()\n", ""), "SUM"),
+        "no_broadcast": (_variant(solution, "dist.broadcast(tensor, src=root_rank)", "pass"), "own random weights"),
+        "root_zero": (_variant(solution, "src=root_rank", "src=0"), "not from 0"),
+        "halved": (_variant(solution, "p.grad /= dist.get_world_size()", "p.grad /= 2"), "fixed number"),
+        "after_step": (_variant(solution, loop + "        optimizer.step()\n", "        optimizer.step()\n" + loop),
+                       "BEFORE optimizer.step"),
+    }
+    names = {"solution": "train_like_horovod", "stub": "stub"}
+    runs = launch(horovod_cases_many, 3, [(src, names.get(k, "train_like_horovod")) for k, (src, _) in answers.items()],
+                  timeout=120)
+    for i, (key, (_, message)) in enumerate(answers.items()):
+        results = [rank_runs[i][1] for rank_runs in runs]
+        assert key == "stub" or not isinstance(results[0], str), (key, results)
+        if key == "solution":
+            judge_horovod(3, results)
+        elif key == "stub":
+            assert all(r.startswith("NotImplementedError") for r in results)  # run_on_ranks says: the stub
+        else:
+            with pytest.raises(AssertionError, match=message):
+                judge_horovod(3, results)

@@ -106,3 +106,84 @@ def test_mnist_dataloaders():
     x, y = next(iter(train))
     assert x.shape == (32, 1, 28, 28) and y.dtype == torch.int64 and len(train) == 3
     assert isinstance(train.sampler, torch.utils.data.RandomSampler) and len(val.dataset) == 50
+
+
+# --- the other frameworks: Ignite, Keras 3; the feature table -----------------------------------------------
+
+def test_features_table_names_real_apis():
+    rows = frameworks.features_table()    # an API that moved raises AttributeError here
+    assert [r["job"] for r in rows] == [job for job, _ in frameworks.FEATURES]
+    for row in rows:
+        for name in ("course_lib", "Lightning", "Ignite"):
+            assert row[name] != "(not installed)", (row["job"], name)
+
+
+def test_ignite_fit_trains_exactly_like_course_lib_fit():
+    """Two epochs from the same seed, the same TensorLoader order (set_epoch per epoch): the same weights."""
+    from course_lib.frameworks_ignite import ignite_evaluate, ignite_fit
+
+    x, y = tiny_data(5 * 16)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    reference = copy.deepcopy(model)
+    trainer, losses = ignite_fit(model, TensorLoader(x, y, batch_size=16), epochs=2, lr=1e-2)
+    assert trainer.state.iteration == len(losses) == 10
+    optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=10)
+    fit(reference, TensorLoader(x, y, batch_size=16), epochs=2, optimizer=optimizer, scheduler=schedule,
+        progress=False, log=None)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    metrics = ignite_evaluate(model, TensorLoader(x, y, batch_size=32, shuffle=False))
+    logits = model(x)
+    assert metrics["accuracy"] == pytest.approx((logits.argmax(1) == y).float().mean().item())
+    assert metrics["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
+    with pytest.raises(ValueError, match="epochs"):
+        ignite_fit(model, TensorLoader(x, y), epochs=0)
+
+
+def test_keras_fit_trains_the_torch_module_exactly_like_course_lib_fit():
+    pytest.importorskip("keras")
+    from course_lib.frameworks_keras import keras_fit
+
+    x, y = tiny_data(5 * 16 - 3)          # a short last batch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+    reference = copy.deepcopy(model)
+    history = keras_fit(model, x, y, epochs=2, lr=0.1, batch_size=16)
+    assert len(history["loss"]) == len(history["accuracy"]) == 2
+    fit(reference, TensorLoader(x, y, batch_size=16, shuffle=False), epochs=2,
+        optimizer=torch.optim.SGD(reference.parameters(), lr=0.1), progress=False, log=None)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_load_keras_says_what_to_install_when_missing(monkeypatch, capsys):
+    from course_lib import frameworks_keras
+
+    monkeypatch.setattr(frameworks_keras.importlib.util, "find_spec", lambda name: None)
+    assert frameworks_keras.load_keras() is None
+    assert frameworks_keras.INSTALL in capsys.readouterr().out
+
+
+# --- Horovod's four steps: the shim against torch DDP (one launch of 2 gloo processes) -----------------------
+
+def test_horovod_course_lines_are_found_in_course_lib():
+    from course_lib import horovod_map
+
+    rows = horovod_map.course_lines()
+    assert [r["shim"] for r in rows] == ["init", "local_rank", "DistributedOptimizer", "broadcast_parameters"]
+    assert all(r["course"] and all(":" in where and line for where, line in r["course"]) for r in rows)
+
+
+def test_horovod_shim_trains_exactly_like_torch_ddp():
+    from course_lib import horovod_map
+    from course_lib.distributed.launch import launch
+
+    x, y = tiny_data(4 * 2 * 16)
+    results = launch(horovod_map.train_worker, 2, x, y, ("horovod", "ddp"), 16, 0.05, "net")
+    assert [sorted(r) for r in results] == [["ddp", "horovod"]] * 2
+    assert len(results[0]["horovod"]["losses"]) == 4
+    assert horovod_map.agree(results) < 1e-6          # every rank, both ways: the same weights
+    with pytest.raises(ValueError, match="uses"):
+        horovod_map.train_worker(0, 1, x, y, ("mpi",))

@@ -120,9 +120,10 @@ print("IMPORTED", len({modules!r}))
 
 
 def test_the_technique_layer_imports_without_dev_tools_or_lightning():
-    """A learner's `pip install course_lib` has no nbformat, nbclient, pytest or lightning."""
-    modules = [m for m in TECHNIQUE if m not in ("course_lib.frameworks", "course_lib.__main__")]
-    code = BLOCKER.format(blocked=[*DEV_ONLY, "lightning"], modules=modules)
+    """A learner's `pip install course_lib` has no nbformat, nbclient, pytest, lightning, ignite or keras."""
+    modules = [m for m in TECHNIQUE if m not in ("course_lib.frameworks", "course_lib.frameworks_ignite",
+                                                 "course_lib.__main__")]
+    code = BLOCKER.format(blocked=[*DEV_ONLY, "lightning", "ignite", "keras"], modules=modules)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"IMPORTED {len(modules)}" in out.stdout

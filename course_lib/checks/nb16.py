@@ -91,3 +91,122 @@ def check_trainer_flags(trainer_flags) -> None:
     expect(diff < 1e-4, f"the weights differ from the fragment's by {diff:.3g}: look at what happens just "
            "before optimizer.step() in the fragment")
     passed("trainer_flags")
+
+
+# --- exercise 3: Horovod's steps 4 and 3 by hand, against torch DDP ------------------------------------
+
+HOROVOD_ROOTS = (1, 0)          # rank 1 first: broadcasting from rank 0 by habit is a wrong answer
+HOROVOD_STEPS = 3
+
+
+class _RecordingSGD(torch.optim.SGD):
+    """SGD that keeps what the first step() saw: the weights (after the broadcast) and the gradients."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, lr=lr)
+        self.first, self.steps = None, 0
+
+    def step(self, closure=None):
+        if self.first is None:
+            params = [p for group in self.param_groups for p in group["params"]]
+            self.first = ([p.detach().clone() for p in params],
+                          [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params])
+        self.steps += 1
+        return super().step(closure)
+
+
+def _horovod_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.Tanh(), nn.Linear(8, 4))
+
+
+def _horovod_batches(rank: int) -> list:
+    g = torch.Generator().manual_seed(50 + rank)          # every rank its own data
+    return [(torch.randn(6, 12, generator=g), torch.randint(0, 4, (6,), generator=g)) for _ in range(HOROVOD_STEPS)]
+
+
+def horovod_cases(rank: int, world_size: int, source: str, name: str) -> list:
+    """Worker: per root rank, the learner's loop from this rank's own random weights, against torch DDP started from
+    the root's weights; what the first optimizer step saw, and the max differences that tell the mistakes apart."""
+    import torch.distributed as dist
+    from ..grading.student import compile_source
+
+    fn = compile_source(source, name)
+    batches, out = _horovod_batches(rank), []
+    for root in HOROVOD_ROOTS:
+        if root >= world_size:
+            continue
+        model = _horovod_model(100 + rank)                 # different initial weights on every rank
+        own = [p.detach().clone() for p in model.parameters()]
+        optimizer = _RecordingSGD(model.parameters(), lr=LR)
+        fn(model, optimizer, batches, root)
+        reference = nn.parallel.DistributedDataParallel(_horovod_model(100 + root))   # the root's weights
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
+        local = copy.deepcopy(reference.module)
+        x, y = batches[0]
+        F.cross_entropy(local(x), y).backward()            # this rank's own gradient at the first step
+        for i, (x, y) in enumerate(batches):
+            ref_opt.zero_grad()
+            F.cross_entropy(reference(x), y).backward()
+            if i == 0:
+                mean = [p.grad.clone() for p in reference.parameters()]
+            ref_opt.step()
+        weights = [p.detach().clone() for p in model.parameters()]
+        gathered = [None] * world_size
+        dist.all_gather_object(gathered, weights)
+        start, grads = optimizer.first if optimizer.first else (own, [torch.zeros_like(p) for p in own])
+        root0 = list(_horovod_model(100).parameters())
+        out.append({"root": root, "steps": optimizer.steps,
+                    "start_vs_root": max_diff(start, list(_horovod_model(100 + root).parameters())),
+                    "start_vs_own": max_diff(start, own), "start_vs_rank0": max_diff(start, root0),
+                    "grad_vs_mean": max_diff(grads, mean),
+                    "grad_vs_sum": max_diff(grads, [g * world_size for g in mean]),
+                    "grad_vs_local": max_diff(grads, [p.grad for p in local.parameters()]),
+                    "ranks_disagree": max(max_diff(weights, w) for w in gathered),
+                    "final_vs_ddp": max_diff(weights, list(reference.module.parameters()))})
+    return out
+
+
+def judge_horovod(world_size: int, results: list) -> None:
+    """AssertionError naming the first mistake found in `horovod_cases`' results (one list per rank)."""
+    cases = sorted(((case["root"], rank, case) for rank, per_rank in enumerate(results) for case in per_rank),
+                   key=lambda item: item[:2])   # root 0 first: there a missing broadcast cannot pass for a wrong root
+    for root, rank, case in cases:
+        where = f"rank {rank} of {world_size}, root_rank={root}"
+        expect(case["steps"] == HOROVOD_STEPS, f"{where}: optimizer.step() ran {case['steps']} times for "
+               f"{HOROVOD_STEPS} batches; step once per batch")
+        if rank != root and case["start_vs_root"] >= 1e-6:
+            if root != 0 and case["start_vs_rank0"] < 1e-6:
+                raise AssertionError(f"{where}: the weights at the first step are rank 0's, not rank {root}'s: "
+                                     "broadcast from root_rank, not from 0")
+            raise AssertionError(f"{where}: the first step started from "
+                                 + ("this rank's own random weights" if case["start_vs_own"] < 1e-6
+                                    else f"weights that are not rank {root}'s")
+                                 + f": broadcast rank {root}'s parameters (dist.broadcast(tensor, src=root_rank)) "
+                                   "before training")
+    for root, rank, case in cases:          # every start is right: now the gradients and the weights
+        where = f"rank {rank} of {world_size}, root_rank={root}"
+        expect(case["grad_vs_sum"] > 1e-6 or case["grad_vs_mean"] < 1e-6,
+               f"{where}: step() saw the SUM of the ranks' gradients; divide by dist.get_world_size() (DDP and "
+               "Horovod average)")
+        expect(case["grad_vs_local"] > 1e-6 or case["grad_vs_mean"] < 1e-6,
+               f"{where}: step() saw this rank's own gradient: all-reduce and average BEFORE optimizer.step(), "
+               "not after")
+        expect(case["grad_vs_mean"] < 1e-5, f"{where}: the gradient at the first step differs from DDP's mean "
+               f"over the ranks by {case['grad_vs_mean']:.3g}: sum with all_reduce, then divide by "
+               "dist.get_world_size() (not a fixed number)")
+        expect(case["ranks_disagree"] < 1e-6, f"{where}: after training the ranks hold different weights "
+               f"(by {case['ranks_disagree']:.3g}); every rank must take the same averaged steps")
+        expect(case["final_vs_ddp"] < 1e-5, f"{where}: your final weights differ from torch DDP's by "
+               f"{case['final_vs_ddp']:.3g}")
+
+
+def check_horovod_loop(train_like_horovod, world_size: int = 2) -> None:
+    """train_like_horovod(model, optimizer, batches, root_rank) on `world_size` gloo ranks ends with DDP's weights."""
+    from . import run_on_ranks
+
+    results = run_on_ranks(horovod_cases, world_size, train_like_horovod,
+                           "every rank must call the same collectives in the same order (the same tensors, the "
+                           "same root)")
+    judge_horovod(world_size, results)
+    passed("train_like_horovod")
