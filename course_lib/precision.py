@@ -60,11 +60,22 @@ def _bf16_ok(device: str) -> bool:
     return bf16_supported(device)   # runs a matmul: once per device, not once per training step
 
 
+def recommended_precision(device) -> str:
+    """The mixed-precision recipe for `device`: "bf16" on CPUs and on GPUs with bf16 units (Ampere and
+    newer: no loss scaling needed), "16" (fp16 autocast + GradScaler) on older CUDA GPUs (Volta, Turing),
+    "32" where neither runs (e.g. a device without bf16)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bf16" if _bf16_ok(str(device)) else "16"
+    return "bf16" if _bf16_ok(str(device)) else "32"
+
+
 def autocast(precision: str, device):
     """Context for the forward pass and loss: torch.autocast in bf16/fp16, nothing for "32".
 
     Autocast keeps the parameters in fp32 (they are the master weights) and casts per op:
-    matmuls and convolutions run in low precision, reductions such as softmax/cross-entropy in fp32.
+    matmuls and convolutions run in low precision, the ops on the device's fp32 list in fp32 (CPU and CUDA
+    lists differ: `autocast_op_names`, `autocast_policies`).
     """
     dtype = check_precision(precision, device)
     if dtype is None:
@@ -72,30 +83,59 @@ def autocast(precision: str, device):
     return torch.autocast(torch.device(device).type, dtype=dtype)
 
 
-# ops a network runs after a matmul, each given the matmul's low-precision output h [8, 16] (and labels y [8])
+# ops a network runs after a matmul, each given h [8, 16] (and labels y [8]); name -> (aten op, call)
 AUTOCAST_PROBES = {
-    "linear": lambda h, y: F.linear(h, h), "relu": lambda h, y: F.relu(h), "softmax": lambda h, y: F.softmax(h, -1),
-    "log_softmax": lambda h, y: F.log_softmax(h, -1), "sum": lambda h, y: h.sum(), "exp": lambda h, y: h.exp(),
-    "layer_norm": lambda h, y: F.layer_norm(h, h.shape[-1:]), "mse_loss": lambda h, y: F.mse_loss(h, h.flip(0)),
-    "nll_loss": lambda h, y: F.nll_loss(h, y), "cross_entropy": lambda h, y: F.cross_entropy(h, y),
+    "linear": ("linear", lambda h, y: F.linear(h, h)), "relu": ("relu", lambda h, y: F.relu(h)),
+    "softmax": ("softmax.int", lambda h, y: F.softmax(h, -1)),
+    "log_softmax": ("log_softmax.int", lambda h, y: F.log_softmax(h, -1)),
+    "sum": ("sum", lambda h, y: h.sum()), "exp": ("exp", lambda h, y: h.exp()),
+    "layer_norm": ("layer_norm", lambda h, y: F.layer_norm(h, h.shape[-1:])),
+    "mse_loss": ("mse_loss", lambda h, y: F.mse_loss(h, h.flip(0))),
+    "nll_loss": ("nll_loss", lambda h, y: F.nll_loss(h, y)),
+    "cross_entropy": ("cross_entropy_loss", lambda h, y: F.cross_entropy(h, y)),
 }
-# of these, the ones on CUDA's fp32 list (PyTorch's autocast docs, "CUDA Ops that can autocast to float32")
-CUDA_FP32_PROBES = ("softmax", "log_softmax", "sum", "exp", "layer_norm", "mse_loss", "nll_loss", "cross_entropy")
+_AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
 
 
-def autocast_output_dtypes(device_type: str = "cpu", dtype=torch.bfloat16) -> dict:
-    """{op name: output dtype} of `AUTOCAST_PROBES` under torch.autocast(device_type, dtype), measured.
+def autocast_op_names(device_type: str = "cpu") -> set[str]:
+    """The aten ops that have an autocast rule on `device_type` ("mm", "softmax.int", ...), read from torch.
 
-    Each op gets an input that is already low precision (a matmul's output), as in a network: an op on
-    autocast's fp32 list casts it up, an op on no list keeps it. The lists differ by device (CPU's fp32
-    list is shorter than CUDA's), and torch has no public function that returns them: this asks torch itself.
+    The rules are C++ lists (aten/src/ATen/autocast_mode.cpp): each listed op gets a kernel under the
+    dispatch key AutocastCPU / AutocastCUDA that casts its inputs (down to bf16/fp16, up to fp32, or to the
+    widest input); every other op falls through and runs in its inputs' dtype. Both devices' kernels are
+    registered in every torch build, so this works without a GPU. It asks torch's dispatcher (torch._C,
+    no public API exists); which *way* an op casts is measured by `autocast_policies`.
     """
-    one_of("device_type", device_type, ("cpu", "cuda"))
+    one_of("device_type", device_type, tuple(_AUTOCAST_KEYS))
+    key = _AUTOCAST_KEYS[device_type]
+    return {name.removeprefix("aten::") for name in torch._C._dispatch_get_all_op_names()
+            if name.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, key)}
+
+
+def autocast_output_dtypes(device_type: str = "cpu", dtype=torch.bfloat16, input_dtype=None) -> dict:
+    """{probe name: output dtype} of `AUTOCAST_PROBES` under torch.autocast(device_type, dtype), measured.
+
+    input_dtype None: each op gets a matmul's output (already `dtype`), as in a network; an op on autocast's
+    fp32 list casts it up, an op on no list keeps it. input_dtype=torch.float32 shows which ops cast down.
+    """
+    one_of("device_type", device_type, tuple(_AUTOCAST_KEYS))
     x = torch.randn(8, 16, device=device_type)
     y = torch.arange(8, device=device_type) % 16
     with torch.autocast(device_type, dtype=dtype):
-        h = x @ torch.randn(16, 16, device=device_type)
-        return {name: op(h, y).dtype for name, op in AUTOCAST_PROBES.items()}
+        h = x @ torch.randn(16, 16, device=device_type) if input_dtype is None else x.to(input_dtype)
+        return {name: op(h, y).dtype for name, (_, op) in AUTOCAST_PROBES.items()}
+
+
+def autocast_policies(device_type: str = "cpu", dtype=torch.bfloat16) -> dict:
+    """{probe name: "lower precision" | "fp32" | "no rule"}: what autocast does to each probe op, measured.
+
+    "lower precision": an fp32 input comes out `dtype` (matmuls, convs); "fp32": a `dtype` input comes out
+    fp32 (autocast's fp32 list); "no rule": the output keeps the input's dtype.
+    """
+    from_low = autocast_output_dtypes(device_type, dtype)
+    from_fp32 = autocast_output_dtypes(device_type, dtype, input_dtype=torch.float32)
+    return {name: "lower precision" if from_fp32[name] == dtype else "fp32" if from_low[name] == torch.float32
+            else "no rule" for name in AUTOCAST_PROBES}
 
 
 def grad_scaler(precision: str, device) -> torch.amp.GradScaler | None:

@@ -59,10 +59,28 @@ def test_cpu_autocast_lists_measured():
     assert dtypes["softmax"] == dtypes["log_softmax"] == dtypes["sum"] == torch.bfloat16
     with pytest.raises(ValueError, match="device_type must be one of"):
         precision.autocast_output_dtypes("tpu")
+    with pytest.raises(ValueError, match="device_type must be one of"):
+        precision.autocast_op_names("tpu")
+
+
+def test_dispatcher_lists_agree_with_the_measured_policies():
+    """An op casts under CPU autocast exactly when the dispatcher has an AutocastCPU kernel for it."""
+    cpu, cuda = precision.autocast_op_names("cpu"), precision.autocast_op_names("cuda")
+    assert {"mm", "conv2d", "linear"} <= cpu & cuda and "relu" not in cpu | cuda
+    assert {"softmax.int", "log_softmax.int", "sum"} <= cuda - cpu        # CUDA's fp32 list only
+    policies = precision.autocast_policies("cpu")
+    assert policies["linear"] == "lower precision" and policies["relu"] == "no rule"
+    for name, (aten, _) in precision.AUTOCAST_PROBES.items():
+        assert (policies[name] != "no rule") == (aten in cpu), name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_autocast_runs_softmax_and_sum_in_fp32():
-    dtypes = precision.autocast_output_dtypes("cuda", torch.float16)
-    assert dtypes["linear"] == dtypes["relu"] == torch.float16
-    assert {op for op, d in dtypes.items() if d == torch.float32} == set(precision.CUDA_FP32_PROBES)   # the docs' list
+    policies = precision.autocast_policies("cuda", torch.float16)
+    assert policies["linear"] == "lower precision" and policies["relu"] == "no rule"
+    assert policies["softmax"] == policies["log_softmax"] == policies["sum"] == "fp32"
+    cuda = precision.autocast_op_names("cuda")
+    for name, (aten, _) in precision.AUTOCAST_PROBES.items():
+        if name == "cross_entropy":      # no CUDA rule of its own: it runs log_softmax + nll_loss, both fp32
+            continue
+        assert (policies[name] != "no rule") == (aten in cuda), name

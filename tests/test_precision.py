@@ -216,3 +216,9 @@ def test_saved_tensor_bytes_counts_activations_in_the_autocast_dtype():
 def test_gradient_magnitudes_drop_zeros():
     mags = P.gradient_magnitudes([torch.tensor([0.0, -2.0]), torch.tensor([[3.0, 0.0]])])
     assert torch.equal(mags, torch.tensor([2.0, 3.0]))
+
+
+def test_recommended_precision_is_bf16_on_cpu_and_follows_bf16_units_on_cuda():
+    assert P.recommended_precision("cpu") == "bf16"
+    if torch.cuda.is_available():
+        assert P.recommended_precision("cuda") == ("bf16" if torch.cuda.is_bf16_supported() else "16")
