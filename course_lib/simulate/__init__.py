@@ -1,0 +1,20 @@
+"""See a cluster from a laptop: record the course's real training step once, replay it on a virtual clock.
+
+    from course_lib.simulate import record_ddp, replay, get_profile, sweep
+    rec = record_ddp(world_size=2)                       # BucketedDDP step of Net on 2 gloo ranks
+    p = replay(rec, get_profile("h100_node"), world=64)  # the same step on 64 H100s (8 per node)
+    print(p.summary()); p.timeline.draw(); p.timeline.save_chrome("traces/sim.json")
+    sweep(rec, get_profile("h100_node"), worlds=(1, 8, 64, 512))
+
+- `record`: a TorchDispatchMode that lists each aten op (FLOPs, bytes, phase) and each collective
+  (kind, bytes, group) with the dependencies between them; JSON save/load.
+- `replay`: compute and comm streams per device; roofline time per op, α–β time per collective.
+- `profiles`: H100/A100/B200 nodes, a 25 GbE cloud VM (sourced figures), and this CPU, calibrated.
+Command line: `python -m course_lib.simulate --strategy ddp --world 64 --profile h100_node`.
+"""
+from .profiles import PROFILES, Link, Profile, cpu_this_machine, get_profile
+from .record import Event, RankTrace, Recording, record_ddp, record_single
+from .replay import Prediction, collective_seconds, rebucket, replay, sweep
+
+__all__ = ["PROFILES", "Link", "Profile", "cpu_this_machine", "get_profile", "Event", "RankTrace", "Recording",
+           "record_ddp", "record_single", "Prediction", "collective_seconds", "rebucket", "replay", "sweep"]

@@ -1,0 +1,74 @@
+"""Replay the course's training step on a modelled cluster.
+
+    python -m course_lib.simulate --strategy ddp --world 64 --profile h100_node [--bucket-mb 25] [--json]
+                                  [--trace OUT.json] [--recording REC.json]
+
+ddp: records a BucketedDDP step of course_lib.models.Net on 2 gloo ranks (a few seconds), or loads
+--recording if that file exists (and saves a new recording there otherwise), then replays it on --world
+devices. single: one process, no communication (--world must be 1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .profiles import PROFILES, get_profile
+from .record import Recording, record_ddp, record_single
+from .replay import ALGORITHMS, replay
+
+STRATEGIES = ("ddp", "single")
+
+
+def check_strategy(strategy: str, world: int) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES} (pipeline and fsdp are not recorded yet); "
+                         f"got {strategy!r}")
+    if strategy == "single" and world != 1:
+        raise ValueError(f"strategy 'single' runs on one device: world must be 1; got {world}")
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m course_lib.simulate", description=__doc__.splitlines()[0])
+    parser.add_argument("--strategy", default="ddp", help=f"one of {STRATEGIES}")
+    parser.add_argument("--world", type=int, default=8, help="devices to replay on")
+    parser.add_argument("--profile", default="h100_node", help=f"one of {tuple(PROFILES)}")
+    parser.add_argument("--bucket-mb", type=float, default=None, help="re-bucket the gradients (MB per bucket)")
+    parser.add_argument("--algorithm", default="ring", help=f"one of {ALGORITHMS}")
+    parser.add_argument("--batch", type=int, default=64, help="batch per rank of the recorded step")
+    parser.add_argument("--recording", type=Path, default=None, help="JSON recording to load or save")
+    parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    parser.add_argument("--trace", type=Path, default=None, help="write the predicted timeline as a Chrome trace")
+    args = parser.parse_args(argv)
+    if args.profile not in PROFILES:
+        parser.error(f"--profile must be one of {tuple(PROFILES)}; got {args.profile!r}")
+    try:
+        check_strategy(args.strategy, args.world)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.recording is not None and args.recording.exists():
+        rec = Recording.load(args.recording)
+    else:
+        rec = record_ddp(2, batch=args.batch) if args.strategy == "ddp" else record_single(batch=args.batch)
+        if args.recording is not None:
+            rec.save(args.recording)
+    pred = replay(rec, get_profile(args.profile), world=args.world, bucket_mb=args.bucket_mb,
+                  algorithm=args.algorithm)
+    out = {"recording": rec.label, "profile": args.profile, **pred.summary()}
+    if args.trace is not None:
+        pred.timeline.save_chrome(args.trace)
+        out["trace"] = str(args.trace)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{pred.timeline.label}")
+        print(f"step {out['step_ms']:.3f} ms = compute {out['compute_ms']:.3f} ms + exposed communication "
+              f"{out['exposed_comm_ms']:.3f} ms (all-reduces {out['comm_ms']:.3f} ms, {out['collectives']} per step); "
+              f"MFU {100 * out['mfu']:.3g}%")
+        if args.trace is not None:
+            print(f"trace: {args.trace} (open it in https://ui.perfetto.dev)")
+    return out
+
+
+if __name__ == "__main__":
+    main()

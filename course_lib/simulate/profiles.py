@@ -1,0 +1,167 @@
+"""Hardware profiles for `replay`: one device's roofs, its per-op overhead, and the links between devices.
+
+Copy one and change a number (`dataclasses.replace(h100_node(), gpus_per_node=4)`) to ask "what if?".
+Every figure says where it comes from: a datasheet (via `hardware.CHIPS` and `costmodel.LINKS`, which
+carry their sources), a measurement on this machine (`cpu_this_machine`), or "assumption" — the
+efficiency factors, per-op overheads and link latencies α are rough, illustrative choices, not data.
+
+GPU peaks are dense bf16 tensor-core FLOP/s (a GPU would train this model in mixed precision); the
+recorded bytes stay as recorded (fp32 on the CPU: an upper bound on the traffic, and DDP all-reduces
+fp32 gradients under autocast anyway).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..distributed.costmodel import LINKS, NVLINK_GENERATIONS
+from ..hardware import CHIPS
+from ..validate import one_of, positive_int, positive_number
+
+
+@dataclass(frozen=True)
+class Link:
+    """α: seconds per message; GBps: GB/s (1e9 B/s) per direction per device."""
+
+    alpha: float
+    GBps: float
+
+    @property
+    def beta(self) -> float:
+        """Seconds per byte."""
+        return 1.0 / (self.GBps * 1e9)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    peak_flops: float          # FLOP/s of one device
+    mem_GBps: float            # memory bandwidth of one device, GB/s
+    gpus_per_node: int         # devices joined by `intra`; beyond them `inter`
+    intra: Link
+    inter: Link
+    eff_flops: float = 0.6     # share of peak a real kernel reaches (assumption)
+    eff_bw: float = 0.8        # share of memory bandwidth a real kernel reaches (assumption)
+    launch_s: float = 5e-6     # per op: eager-mode kernel launch (assumption: a few µs on a GPU)
+    view_s: float = 0.0        # per view/metadata op (no kernel on a GPU)
+    source: str = ""
+
+    def op_seconds(self, flops: float, nbytes: float, view: bool = False) -> float:
+        """Roofline time of one op: max(compute, memory) + launch overhead; a view op costs view_s."""
+        if view:
+            return self.view_s
+        return max(flops / (self.peak_flops * self.eff_flops), nbytes / (self.mem_GBps * 1e9 * self.eff_bw)) \
+            + self.launch_s
+
+
+def _chip(name: str):
+    return next(c for c in CHIPS if c.name == name)
+
+
+def _link(name: str) -> Link:
+    return Link(*LINKS[name])
+
+
+def h100_node() -> Profile:
+    """DGX/HGX H100: 8 x H100 SXM (989 TFLOP/s bf16 dense, 3.35 TB/s HBM3: NVIDIA H100 datasheet, 2023,
+    via hardware.CHIPS), NVLink4 450 GB/s per direction per GPU (H100 datasheet: 900 GB/s both ways),
+    one 400 Gb/s InfiniBand NDR NIC per GPU = 50 GB/s per direction (NVIDIA DGX H100 datasheet, 2023);
+    α of both links from costmodel.LINKS (assumptions)."""
+    chip = _chip("NVIDIA H100 SXM")
+    return Profile("h100_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, 8, _link("NVLink4 (H100)"),
+                   _link("InfiniBand NDR"), source=f"{chip.source}; costmodel.LINKS")
+
+
+def a100_node() -> Profile:
+    """DGX A100: 8 x A100 80GB SXM, 312 TFLOP/s bf16 dense and 2,039 GB/s HBM2e (NVIDIA A100 datasheet,
+    2021), NVLink3 300 GB/s per direction (A100 datasheet: 600 GB/s both ways), one 200 Gb/s HDR
+    InfiniBand NIC per GPU = 25 GB/s per direction (NVIDIA DGX A100 datasheet, 2020); α assumed as LINKS'."""
+    nvlink = NVLINK_GENERATIONS["NVLink3 (A100)"][1]
+    return Profile("a100_node", 312e12, 2039.0, 8, Link(LINKS["NVLink4 (H100)"][0], nvlink),
+                   Link(LINKS["InfiniBand NDR"][0], 25.0), source="NVIDIA A100 and DGX A100 datasheets")
+
+
+def b200_node() -> Profile:
+    """DGX B200: 8 x B200 (2,250 TFLOP/s bf16 dense, 8 TB/s HBM3e: NVIDIA DGX B200 datasheet, 2024, via
+    hardware.CHIPS), NVLink5 900 GB/s per direction, one 400 Gb/s ConnectX-7 NIC per GPU = 50 GB/s per
+    direction (DGX B200 datasheet); α of both links from costmodel.LINKS (assumptions)."""
+    chip = _chip("NVIDIA B200 (HGX)")
+    return Profile("b200_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, 8, _link("NVLink5 (B200)"),
+                   _link("InfiniBand NDR"), source=f"{chip.source}; costmodel.LINKS")
+
+
+def cloud_vm_25gbe() -> Profile:
+    """One A100 40GB per VM (312 TFLOP/s bf16 dense, 1,555 GB/s HBM2: NVIDIA A100 datasheet, 2021), VMs
+    joined by 25 Gb/s Ethernet = 3.125 GB/s per direction (the VM's stated network rate; cloud VMs of
+    this kind quote 'up to' figures); α = 50 µs, as costmodel.LINKS assumes for Ethernet with TCP."""
+    ethernet = Link(LINKS["10 GbE"][0], 25 / 8)
+    return Profile("cloud_vm_25gbe", 312e12, 1555.0, 1, ethernet, ethernet, source="NVIDIA A100 datasheet; 25 GbE")
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def cpu_this_machine(allreduce: dict | None = None, threads: int = 1) -> Profile:
+    """This CPU as one device per rank (`threads` torch threads, as `launch` gives each rank), calibrated now.
+
+    Peak: the best 512x512 fp32 matmul (hardware.measure_matmul_gflops); bandwidth: a 32 MiB copy
+    (hardware.measure_bandwidth_gbs); per-op overhead: the median of a 1-element add and of a view;
+    links: gloo's α–β fitted (costmodel.fit_alpha_beta, ring, 2 ranks) to `allreduce`, timings from
+    costmodel.measure_allreduce ({"sizes", "times": {"torch": [...]}}; `record_ddp(calibrate=True)`
+    keeps them in `Recording.allreduce`), or measured here (a 2-rank launch, a few seconds) when None.
+    Efficiencies are 1: the roofs are what this machine reached. All ranks count as one node.
+    """
+    from ..distributed import costmodel
+    from ..hardware import measure_bandwidth_gbs, measure_matmul_gflops
+    positive_int("threads", threads)
+    if allreduce is None:
+        allreduce = costmodel.measure([2**10, 2**16, 2**20, 2**22], impls="torch", world_size=2, repeats=3)
+    if not (isinstance(allreduce, dict) and "sizes" in allreduce and "torch" in allreduce.get("times", {})):
+        raise ValueError("allreduce must be costmodel.measure_allreduce's result {'sizes', 'times': {'torch': ...}}"
+                         f"; got {allreduce!r}")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gflops = max(measure_matmul_gflops(512, repeats=3) for _ in range(2))
+        gbs = measure_bandwidth_gbs(32 * 2**20, repeats=3)
+        a, b = torch.ones(1), torch.ones(1)
+        launch = _median_seconds(lambda: torch.add(a, b), 200)
+        view = _median_seconds(lambda: a.view(-1), 200)
+    finally:
+        torch.set_num_threads(old)
+    alpha, beta = costmodel.fit_alpha_beta(allreduce["sizes"], allreduce["times"]["torch"], "ring", 2)
+    gloo = Link(alpha, 1 / beta / 1e9 if beta > 0 else float("inf"))
+    return Profile("cpu_this_machine", gflops * 1e9, gbs, 1_000_000, gloo, gloo, eff_flops=1.0, eff_bw=1.0,
+                   launch_s=launch, view_s=view,
+                   source=f"measured here: {gflops:.0f} GFLOP/s (512x512 matmul, {threads} thread), {gbs:.1f} GB/s "
+                          f"copy, {launch * 1e6:.1f} µs/op, gloo α={alpha * 1e6:.0f} µs, {gloo.GBps:.2f} GB/s")
+
+
+PROFILES = {"h100_node": h100_node, "a100_node": a100_node, "b200_node": b200_node,
+            "cloud_vm_25gbe": cloud_vm_25gbe, "cpu_this_machine": cpu_this_machine}
+
+
+def get_profile(name: str) -> Profile:
+    """A profile by name: one of PROFILES (cpu_this_machine measures, which takes a few seconds)."""
+    one_of("profile", name, tuple(PROFILES))
+    return PROFILES[name]()
+
+
+def check_profile(profile: Profile) -> Profile:
+    """Refuse a Profile with a non-positive figure, naming the field."""
+    if not isinstance(profile, Profile):
+        raise TypeError(f"profile must be a Profile (see PROFILES: {tuple(PROFILES)}); got {type(profile).__name__}")
+    for field in ("peak_flops", "mem_GBps", "eff_flops", "eff_bw"):
+        positive_number(f"profile.{field}", getattr(profile, field))
+    positive_int("profile.gpus_per_node", profile.gpus_per_node)
+    return profile

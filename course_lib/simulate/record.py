@@ -1,0 +1,268 @@
+"""Record a training step as a list of events: every aten op with its FLOPs and bytes, every collective.
+
+A `TorchDispatchMode` sees each aten operator a step runs (forward, the backward that autograd runs
+for it, the optimizer, the all-reduces that DDP's hooks start: c10d ops go through the dispatcher
+too), on the CPU as on a GPU. For each op it keeps:
+
+- FLOPs from `torch.utils.flop_counter`'s formulas (matmuls and convolutions; 0 for elementwise ops),
+- bytes moved: the sizes of the input and output tensors (the least traffic the op can have),
+- the phase, from the `record_function("forward" / "backward" / "optimizer")` block it runs in,
+- dependencies found by data flow: an op that reads a tensor an all-reduce wrote waits for that
+  all-reduce; an all-reduce waits for the op that wrote its bucket.
+
+Per parameter it also notes after which op its gradient was ready, so `replay` can re-bucket.
+The events are plain dataclasses: `Recording.save(path)` / `Recording.load(path)` (JSON).
+
+    from course_lib.simulate.record import record_single, record_ddp
+    rec = record_single()                   # Net, batch 64, the course's train_epoch step
+    rec = record_ddp(world_size=2)          # BucketedDDP on 2 gloo ranks (launch)
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+from ..trace import kind_of
+from ..validate import positive_int, positive_number
+
+PHASES = ("forward", "backward", "optimizer")
+COLLECTIVES = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "broadcast_": "broadcast",
+               "allgather_": "all_gather", "reduce_scatter_": "reduce_scatter"}   # c10d op -> collective
+
+
+@dataclass
+class Event:
+    """One op on the compute stream or one collective on the communication stream."""
+
+    name: str                 # "aten.mm", "all_reduce"
+    phase: str                # forward / backward / optimizer / other
+    stream: str = "compute"   # "compute" or "comm"
+    flops: float = 0.0
+    bytes: float = 0.0        # compute: inputs + outputs; collective: the buffer each rank contributes
+    view: bool = False        # a view/metadata op (no kernel on a GPU)
+    after: list[int] = field(default_factory=list)   # indices of events it must wait for
+    group_size: int = 1       # ranks in a collective's group
+
+
+@dataclass
+class RankTrace:
+    events: list[Event]
+    grad_ready: list[int]     # per parameter: index of the event after which its gradient is complete
+
+
+@dataclass
+class Recording:
+    ranks: list[RankTrace]
+    params: list[list]        # per parameter, in module order: [name, numel, bytes per element]
+    world_size: int = 1
+    batch_per_rank: int = 64
+    label: str = ""
+    measured_step_s: float | None = None     # the same step timed without the recorder (slowest rank)
+    allreduce: dict | None = None            # gloo all-reduce times measured in the same launch (calibration)
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(asdict(self)))
+        return path
+
+    @classmethod
+    def load(cls, path) -> Recording:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Recording:
+        data = dict(data)
+        data["ranks"] = [RankTrace([Event(**e) for e in r["events"]], list(r["grad_ready"])) for r in data["ranks"]]
+        return cls(**data)
+
+    def flops_per_rank(self) -> float:
+        return max(sum(e.flops for e in r.events) for r in self.ranks)
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Recorder(TorchDispatchMode):
+    """Collects `events` while active. `watch(params)` before wrapping a model in DDP notes gradient readiness."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[Event] = []
+        self.grad_ready: dict[int, int] = {}
+        self._stack: list[str] = []      # open record_function names
+        self._writer: dict[int, int] = {}   # storage -> index of the last event that wrote it
+        self._params: list[torch.Tensor] = []
+
+    def watch(self, params) -> None:
+        """Register gradient hooks (register BEFORE DDP's own, so they fire before its all-reduce)."""
+        self._params = list(params)
+        for i, p in enumerate(self._params):
+            p.register_post_accumulate_grad_hook(lambda _p, i=i: self._grad_done(i))
+
+    def _grad_done(self, i: int) -> None:
+        if self.events:
+            self.grad_ready[i] = len(self.events) - 1
+
+    def _phase(self) -> str:
+        for name in self._stack:                       # the outermost named phase wins
+            if kind_of(name) in PHASES:
+                return kind_of(name)
+        return "backward" if torch._C._current_autograd_node() is not None else "other"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        namespace, op = func.namespace, func._schema.name.split("::")[-1]
+        if namespace == "profiler":                    # record_function enter/exit: phase markers
+            out = func(*args, **kwargs)
+            if op == "_record_function_enter_new":
+                self._stack.append(args[0])
+            elif self._stack:
+                self._stack.pop()
+            return out
+        inputs = _tensors((args, kwargs))
+        deps = sorted({self._writer[_key(t)] for t in inputs if _key(t) in self._writer})
+        out = func(*args, **kwargs)
+        if namespace == "c10d":
+            if op in COLLECTIVES:
+                self._collective(COLLECTIVES[op], args, deps)
+            return out
+        written = _tensors(out) + [a for a, spec in zip(args, func._schema.arguments)
+                                   if isinstance(a, torch.Tensor) and spec.alias_info is not None
+                                   and spec.alias_info.is_write]
+        is_view = func.is_view or op in ("detach", "_unsafe_view", "lift_fresh")
+        flops = flop_registry[func._overloadpacket](*args, **kwargs, out_val=out) \
+            if func._overloadpacket in flop_registry else 0
+        comm = [d for d in deps if self.events[d].stream == "comm"]   # wait only for collectives: the
+        self.events.append(Event(f"{namespace}.{op}", self._phase(), "compute", float(flops),  # stream orders
+                                 0.0 if is_view else float(_nbytes(inputs) + _nbytes(_tensors(out))),
+                                 is_view, comm))                                               # the rest
+        for t in written:
+            self._writer[_key(t)] = len(self.events) - 1
+        return out
+
+    def _collective(self, kind: str, args, deps) -> None:
+        import torch.distributed as dist
+        buffers = _tensors(args[0])
+        group = next((a for a in args if hasattr(a, "size") and not isinstance(a, torch.Tensor)), None)
+        size = group.size() if group is not None and callable(group.size) else dist.get_world_size()
+        compute = [d for d in deps if self.events[d].stream == "compute"]
+        before = [i for i, e in enumerate(self.events) if e.stream == "compute"]
+        after = compute[-1:] or before[-1:]
+        self.events.append(Event(kind, self._phase(), "comm", 0.0, float(_nbytes(buffers)), False, after, size))
+        for t in buffers:
+            self._writer[_key(t)] = len(self.events) - 1
+
+
+def record_step(step, params=(), steps: int = 3, watch=None) -> tuple[RankTrace, float]:
+    """Time `steps` calls of `step()` (after one warm-up), then record one more; returns (trace, median s).
+
+    watch: a Recorder already watching the parameters (created before DDP wrapped them); else one is
+    made here and watches `params`.
+    """
+    positive_int("steps", steps)
+    rec = watch or Recorder()
+    if watch is None:
+        rec.watch(params)
+    step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    rec.events, rec.grad_ready, rec._writer = [], {}, {}
+    with rec:
+        step()
+    ready = [rec.grad_ready.get(i, len(rec.events) - 1) for i in range(len(rec._params))]
+    return RankTrace(rec.events, ready), statistics.median(times)
+
+
+def _batch(batch: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,), generator=g)
+
+
+def _train_step(model, batch, optimizer):
+    """The course's step: `loop.train_epoch` over one batch (copy, forward, backward, optimizer, named)."""
+    from ..loop import train_epoch
+    return lambda: train_epoch(model, [batch], optimizer, torch.device("cpu"), F.cross_entropy, progress=False)
+
+
+def _param_table(model) -> list[list]:
+    return [[n, p.numel(), p.element_size()] for n, p in model.named_parameters() if p.requires_grad]
+
+
+def record_single(model: str = "net", batch: int = 64, steps: int = 3) -> Recording:
+    """One process, no communication: the course's training step of `model` (models.MODELS) on a random batch."""
+    from ..loop import make_optimizer
+    from ..models import build_model
+    positive_int("batch", batch)
+    torch.manual_seed(0)
+    net = build_model(model)
+    opt = make_optimizer("sgd", net.parameters(), lr=0.01)
+    rank, seconds = record_step(_train_step(net, _batch(batch, 0), opt), list(net.parameters()), steps)
+    return Recording([rank], _param_table(net), 1, batch, f"{model}, batch {batch}, 1 process", seconds)
+
+
+def ddp_worker(rank: int, world_size: int, model: str = "net", batch: int = 64, bucket_mb: float = 25.0,
+               steps: int = 5, allreduce_sizes=()) -> dict:
+    """Worker for `launch`: BucketedDDP around `model`, the course's step; (trace, seconds, gloo timings)."""
+    import torch.distributed as dist
+
+    from ..distributed.costmodel import measure_allreduce
+    from ..distributed.ddp import BucketedDDP
+    from ..loop import make_optimizer
+    from ..models import build_model
+    torch.manual_seed(0)
+    net = build_model(model)
+    rec = Recorder()
+    rec.watch([p for p in net.parameters() if p.requires_grad])     # before DDP's hooks
+    ddp = BucketedDDP(net, bucket_mb)
+    opt = make_optimizer("sgd", ddp.parameters(), lr=0.01)
+    step = _train_step(ddp, _batch(batch, rank), opt)
+
+    def synced():
+        step()
+        dist.barrier()     # the slowest rank decides a step's time (as timed_steps measures)
+    trace, _ = record_step(synced, steps=1, watch=rec)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        synced()
+    seconds = (time.perf_counter() - t0) / steps
+    timings = measure_allreduce(rank, world_size, list(allreduce_sizes), "torch", 3) if allreduce_sizes else None
+    return {"trace": asdict(trace), "seconds": seconds, "allreduce": timings, "params": _param_table(net)}
+
+
+def record_ddp(world_size: int = 2, model: str = "net", batch: int = 64, bucket_mb: float = 25.0, steps: int = 5,
+               calibrate: bool = False, timeout: float = 120.0) -> Recording:
+    """Record the course's DDP step (BucketedDDP, gloo) on `world_size` local ranks: one RankTrace per rank.
+
+    calibrate: also time gloo all-reduces (1 KB .. 4 MB) in the same launch, for `profiles.cpu_this_machine`.
+    """
+    from ..distributed.launch import launch
+    positive_int("world_size", world_size)
+    positive_number("bucket_mb", bucket_mb)
+    sizes = [2**10, 2**14, 2**17, 2**20, 2**22] if calibrate else []
+    outs = launch(ddp_worker, world_size, model, batch, bucket_mb, steps, sizes, timeout=timeout)
+    ranks = [RankTrace([Event(**e) for e in o["trace"]["events"]], o["trace"]["grad_ready"]) for o in outs]
+    return Recording(ranks, outs[0]["params"], world_size, batch,
+                     f"{model}, batch {batch} per rank, BucketedDDP {bucket_mb:g} MB, {world_size} gloo ranks",
+                     max(o["seconds"] for o in outs), outs[0]["allreduce"])
