@@ -104,11 +104,59 @@ def single_symbol_gets_one_bit(frequencies):
     return {s: 1 for s in frequencies} if len(frequencies) == 1 else NS["huffman_code_lengths"](frequencies)
 
 
-@pytest.mark.parametrize("wrong", [fixed_length, rounded_information, shannon_fano, depth_from_one,
-                                   merges_the_largest, unary_by_rank, single_symbol_gets_one_bit])
-def test_wrong_code_lengths_fail(wrong):
-    with pytest.raises(AssertionError):
+def one_bit_short(frequencies):
+    """Counts merges from the second one: every code one bit too short, so they cannot all be prefix-free."""
+    return {s: max(0, n - 1) if len(frequencies) > 1 else 0 for s, n in NS["huffman_code_lengths"](frequencies).items()}
+
+
+def deepest_one_short(frequencies):
+    """Off by one at the bottom only: the two deepest codewords one bit shorter (they collide with a prefix)."""
+    lengths = NS["huffman_code_lengths"](frequencies)
+    if len(lengths) > 2:
+        for s in sorted(lengths, key=lambda s: -lengths[s])[:2]:
+            lengths[s] -= 1
+    return lengths
+
+
+def single_symbol_empty(frequencies):
+    return {} if len(frequencies) == 1 else NS["huffman_code_lengths"](frequencies)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (fixed_length, "could be shorter"), (rounded_information, "2\\*\\*-length"), (shannon_fano, "optimal code needs"),
+    (depth_from_one, "one bit too many"), (merges_the_largest, "least"), (unary_by_rank, "optimal code needs"),
+    (single_symbol_gets_one_bit, "single symbol"), (one_bit_short, "at least 1 bit"),
+    (deepest_one_short, "no prefix code"), (single_symbol_empty, "single symbol"),
+])
+def test_wrong_code_lengths_fail(wrong, message):
+    with pytest.raises(AssertionError, match=message):
         check_huffman_code_lengths(wrong)
+
+
+def two_queues(frequencies):
+    """Correct, without a heap: leaves sorted by count in one queue, merged nodes (already in order) in another."""
+    from collections import deque
+    leaves = deque(sorted(([c, [s]] for s, c in frequencies.items()), key=lambda node: node[0]))
+    merged, lengths = deque(), dict.fromkeys(frequencies, 0)
+
+    def pop():
+        return merged.popleft() if not leaves or (merged and merged[0][0] < leaves[0][0]) else leaves.popleft()
+
+    while len(leaves) + len(merged) > 1:
+        a, b = pop(), pop()
+        for s in a[1] + b[1]:
+            lengths[s] += 1
+        merged.append([a[0] + b[0], a[1] + b[1]])
+    return lengths
+
+
+def float_lengths(frequencies):
+    return {s: float(n) for s, n in NS["huffman_code_lengths"](frequencies).items()}
+
+
+@pytest.mark.parametrize("right", [two_queues, float_lengths])
+def test_other_correct_answers_pass(right):
+    check_huffman_code_lengths(right)
 
 
 # --- relative_indices ----------------------------------------------------------------------------

@@ -63,6 +63,9 @@ WRONG_LOSSES = {
     "reduction sum": loss(reduction="sum"),
     "cross-entropy on softened logits": loss(ce_T=True),
     "detached from the graph": loss(detach=True),
+    "log_softmax on both, no log_target": lambda s, t, y, T, a: (
+        a * F.kl_div(F.log_softmax(s / T, 1), F.log_softmax(t / T, 1), reduction="batchmean") * T**2
+        + (1 - a) * F.cross_entropy(s, y)),
 }
 
 
@@ -77,7 +80,9 @@ def test_wrong_losses_fail(name):
     ("missing T squared", re.escape("T**2")), ("softmax for the student", "LOG-probabilities"),
     ("KL direction swapped", "swapped"), ("teacher not softened", "teacher is not softened"),
     ("alpha weights swapped", "weights are swapped"), ("reduction mean", "batchmean"),
-    ("detached from the graph", "backward"),
+    ("detached from the graph", "backward"), ("log_softmax on both, no log_target", "log_target=True"),
+    ("T instead of T squared", "scaled by T, not"), ("reduction sum", "batch size"),
+    ("cross-entropy on softened logits", "plain student logits"), ("student not softened", "student is not"),
 ])
 @pytest.mark.filterwarnings("ignore:reduction")
 def test_the_message_names_the_mistake(name, words):
@@ -92,6 +97,17 @@ def test_a_manual_kl_passes():
         return alpha * T * T * kl + (1 - alpha) * F.cross_entropy(s, y)
 
     check_distillation_loss(manual)
+
+
+@pytest.mark.parametrize("right", [
+    lambda s, t, y, T, a: a * T**2 * F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), log_target=True,
+                                               reduction="batchmean") + (1 - a) * F.cross_entropy(s, y),
+    lambda s, t, y, T, a: a * T * T * torch.nn.KLDivLoss(reduction="sum")(F.log_softmax(s / T, 1),
+                                                                        F.softmax(t / T, 1)) / len(s)
+    + (1 - a) * F.nll_loss(F.log_softmax(s, 1), y),
+], ids=["log_target", "KLDivLoss sum over N, nll"])
+def test_other_correct_losses_pass(right):
+    check_distillation_loss(right)
 
 
 def test_returning_a_float_fails():
@@ -152,11 +168,54 @@ def size_ties_unsorted(points):
     return front
 
 
-@pytest.mark.parametrize("wrong", [all_sorted, best_only, neighbour_greedy, keeps_ties, bigger_is_better,
-                                   largest_first, returns_points, size_ties_unsorted])
-def test_wrong_fronts_fail(wrong):
-    with pytest.raises(AssertionError):
+def assumes_sorted_input(points):
+    """Never sorts: right only when the points come smallest first."""
+    front, best = [], float("-inf")
+    for i, p in enumerate(points):
+        if p[1] > best:
+            front.append(i)
+            best = p[1]
+    return front
+
+
+def twins_cancel(points):
+    """Brute force with <= and >= against every OTHER index: two exact copies knock each other out."""
+    keep = [i for i, p in enumerate(points)
+            if not any(j != i and q[0] <= p[0] and q[1] >= p[1] for j, q in enumerate(points))]
+    return sorted(keep, key=lambda i: points[i][0])
+
+
+def ties_in_input_order(points):
+    """Sorts by size only (stable): of two the same size it keeps whichever comes first in the input."""
+    order = sorted(range(len(points)), key=lambda i: points[i][0])
+    front = []
+    for i in order:
+        if front and points[i][0] == points[front[-1]][0]:
+            continue
+        if not front or points[i][1] > points[front[-1]][1]:
+            front.append(i)
+    return front
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (all_sorted, "is on your front"), (best_only, "missing"), (neighbour_greedy, "is on your front"),
+    (keeps_ties, "is on your front"), (bigger_is_better, "is on your front|missing"),
+    (largest_first, "smallest size"), (returns_points, "indices"), (size_ties_unsorted, "is on your front"),
+    (assumes_sorted_input, "is on your front|missing"), (twins_cancel, "exact copies"),
+    (ties_in_input_order, "is on your front|missing"),
+])
+def test_wrong_fronts_fail(wrong, message):
+    with pytest.raises(AssertionError, match=message):
         check_pareto_front(wrong)
+
+
+def test_keeping_every_copy_of_a_duplicate_passes():
+    def all_copies(points):
+        keep = [i for i, p in enumerate(points) if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)]
+        return sorted(keep, key=lambda i: (points[i][0], i))
+
+    check_pareto_front(all_copies)
+    check_pareto_front(NS["pareto_front"])   # keeps one copy
 
 
 def test_a_brute_force_front_passes():

@@ -42,11 +42,95 @@ def epoch(model, loader, lr, accumulate, clip, scale=True, last_step=True, clip_
     return model
 
 
+def by_group_size(model, loader, lr, accumulate, clip):
+    """Divides the short last group by its own length: a 'true mean', but not what the Trainer does."""
+    optimizer, n = torch.optim.SGD(model.parameters(), lr=lr), len(loader)
+    for i, (x, y) in enumerate(loader):
+        group = min(accumulate, n - (i // accumulate) * accumulate)
+        (F.cross_entropy(model(x), y) / group).backward()
+        if (i + 1) % accumulate == 0 or i + 1 == n:
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            optimizer.zero_grad()
+    return model
+
+
+def steps_first(model, loader, lr, accumulate, clip):
+    """Off by one: steps after batches 0, k, 2k, ... (i % k == 0)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for i, (x, y) in enumerate(loader):
+        (F.cross_entropy(model(x), y) / accumulate).backward()
+        if i % accumulate == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    return model
+
+
+def trains_a_copy(model, loader, lr, accumulate, clip):
+    """Trains a deep copy and returns the untouched argument."""
+    import copy
+    epoch(copy.deepcopy(model), loader, lr, accumulate, clip)
+    return model
+
+
+@pytest.mark.parametrize("wrong", [by_group_size, steps_first, trains_a_copy])
+def test_more_wrong_train_epoch_like_trainer_fails(wrong):
+    with pytest.raises(AssertionError, match="differ from the Trainer"):
+        check_like_trainer(wrong)
+
+
+def test_returning_nothing_fails():
+    with pytest.raises(AssertionError, match="return the trained model"):
+        check_like_trainer(lambda *args: (epoch(*args), None)[1])
+
+
+def grads_scaled_at_the_step(model, loader, lr, accumulate, clip):
+    """Correct, written differently: sums the losses' gradients, divides the gradients once before the step,
+    zero_grad(set_to_none=False), and counts the batches itself instead of len(loader)."""
+    optimizer, batches = torch.optim.SGD(model.parameters(), lr=lr), list(loader)
+    for i, (x, y) in enumerate(batches, start=1):
+        F.cross_entropy(model(x), y).backward()
+        if i % accumulate == 0 or i == len(batches):
+            for p in model.parameters():
+                p.grad /= accumulate
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip, norm_type=2.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+    return model
+
+
+def test_a_different_correct_epoch_passes():
+    check_like_trainer(grads_scaled_at_the_step)
+    check_like_trainer(grads_scaled_at_the_step, cases=[(5, 0.03), (7, None)])
+
+
 @pytest.mark.parametrize("mistake", [dict(scale=False), dict(last_step=False), dict(clip_each=True),
                                      dict(clip_value=True)], ids=lambda m: next(iter(m)))
 def test_wrong_train_epoch_like_trainer_fails(mistake):
     with pytest.raises(AssertionError, match="differ from the Trainer"):
         check_like_trainer(lambda *args: epoch(*args, **mistake))
+
+
+SOLUTION_FLAGS = {"precision": "bf16-mixed", "accumulate_grad_batches": 4, "gradient_clip_val": 0.05}
+
+
+@pytest.mark.parametrize("extra", [
+    {"enable_progress_bar": False, "logger": False, "enable_model_summary": False},   # what a careful learner adds
+    {"deterministic": True, "max_epochs": 1, "devices": 1, "accelerator": "cpu"},      # the defaults, spelled out
+    {"default_root_dir": "runs/nb16", "enable_checkpointing": True, "logger": True},   # files: the check's own folder
+    {"max_steps": 2, "max_epochs": -1, "num_sanity_val_steps": 0, "log_every_n_steps": 1},   # 2 steps = the epoch
+    {"gradient_clip_algorithm": "norm", "limit_train_batches": 8, "strategy": "auto", "benchmark": False},
+])
+def test_harmless_extra_flags_pass(extra, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    check_trainer_flags(lambda: {**SOLUTION_FLAGS, **extra})
+    assert not any(tmp_path.iterdir()), "the check wrote into the current folder"
+
+
+def test_bf16_alias_passes():
+    check_trainer_flags(lambda: {"precision": "bf16", "accumulate_grad_batches": 4, "gradient_clip_val": 0.05})
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -56,7 +140,18 @@ def test_wrong_train_epoch_like_trainer_fails(mistake):
     ({"precision": "bf16-mixed", "accumulate_grad_batches": 4}, "before optimizer.step"),  # no clipping
     ({"precision": "bf16-mixed", "accumulate_grad_batches": 4, "gradient_clip_val": 0.05,
       "gradient_clip_algorithm": "value"}, "before optimizer.step"),
-    ({"precision": "bf16-mixed", "max_epochs": 2}, "does not run"),
+    ({**SOLUTION_FLAGS, "max_epochs": 2}, "one pass"),                                      # two epochs
+    ({**SOLUTION_FLAGS, "max_steps": 1}, "one pass"),
+    ({**SOLUTION_FLAGS, "limit_train_batches": 4}, "one pass"),
+    ({**SOLUTION_FLAGS, "fast_dev_run": True}, "one pass"),
+    ({**SOLUTION_FLAGS, "devices": 2}, "ONE process"),                                   # would split the batches
+    ({**SOLUTION_FLAGS, "strategy": "ddp"}, "ONE process"),
+    ({**SOLUTION_FLAGS, "accelerator": "gpu"}, "ONE process"),
+    ({"precision": "16-mixed", "accumulate_grad_batches": 4, "gradient_clip_val": 0.05}, "fp16 autocast"),
+    ({**SOLUTION_FLAGS, "gradient_clip_val": 0.5}, "before optimizer.step"),              # a clip that never bites
+    ({**SOLUTION_FLAGS, "accumulate_grad_batches": 2}, "twice"),
+    ({**SOLUTION_FLAGS, "max_epochs": 1, "precision": "32-true"}, "bf16 autocast"),
+    ({**SOLUTION_FLAGS, "grad_clip": 0.05}, "does not run"),                              # no such flag
 ])
 def test_wrong_trainer_flags_fail(flags, message):
     with pytest.raises(AssertionError, match=message):

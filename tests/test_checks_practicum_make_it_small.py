@@ -142,6 +142,7 @@ def quick():
     """Quick mode (the fixed 2,000-image subset), as CI grades."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COURSE_QUICK", "1")
+        mp.setenv("COURSE_STUDENT_ID", "anonymous")     # the default variant: 50 KB, 1 point (tests below vary it)
         yield
 
 
@@ -234,6 +235,34 @@ def test_reference_solution_earns_every_tier_with_a_margin(reference):
     assert r.artifact_bytes == len(r.artifact) and r.code_bytes == len(mis.answer_code(REFERENCE).encode())
     print(f"\nreference: {r.total_bytes:,} bytes, {100 * r.accuracy:.2f}% (given {100 * r.baseline:.2f}%), "
           f"noisy {100 * noisy.accuracy:.2f}% (given {100 * noisy.baseline:.2f}%); {r.seconds}")
+
+
+@needs_mnist
+@pytest.mark.parametrize("student", ["alice", "carol", "erin"])   # 53 KB / 0.9 pt, 45 KB / 1.1, 51 KB / 1.2
+def test_reference_solution_earns_every_tier_in_other_students_variants(reference, student):
+    import dataclasses
+    r = dataclasses.replace(reference, **mis.student_terms(student))
+    assert r.budgets[-1] != 50_000 and all(r.tiers().values()), r.report()
+    pm.check_floor(r)
+    pm.check_budget(r)
+    assert f"<= {r.budgets[-1] // 1000} KB" in r.tiers()
+
+
+@needs_mnist
+def test_an_answer_tuned_to_one_students_budget_fails_anothers(reference):
+    """alice's smallest budget is 53 KB, dave's 46 KB: an answer of 50 KB (padded code) passes for alice only;
+    an accuracy 1.0 point below the given model's meets dave's floor (1.1 points) but not alice's (0.9)."""
+    import dataclasses
+    padding = 50_000 - reference.total_bytes
+    tuned = dataclasses.replace(reference, code=reference.code + "#" * padding)
+    assert tuned.total_bytes == 50_000
+    pm.check_budget(dataclasses.replace(tuned, **mis.student_terms("alice")))
+    with pytest.raises(AssertionError, match="over the 46 KB budget"):
+        pm.check_budget(dataclasses.replace(tuned, **mis.student_terms("dave")))
+    lower = dataclasses.replace(reference, accuracy=reference.baseline - 0.010)
+    pm.check_floor(dataclasses.replace(lower, **mis.student_terms("dave")))      # floor: baseline - 1.1 pt
+    with pytest.raises(AssertionError, match="0.9 point, your variant"):
+        pm.check_floor(dataclasses.replace(lower, **mis.student_terms("alice")))  # floor: baseline - 0.9 pt
 
 
 @needs_mnist

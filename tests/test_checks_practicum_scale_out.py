@@ -19,6 +19,14 @@ SCRIPT = NS["DDP_SCRIPT"]
 CHECKS = (ps.check_rank_logs, ps.check_sampler, ps.check_seeding, ps.check_checkpoint, ps.check_equivalence)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def anonymous():
+    """The default variant (2 ranks, seed 3) whoever runs the tests; tests below pick other students."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COURSE_STUDENT_ID", "anonymous")
+        yield
+
+
 def variant(*replacements):
     script = SCRIPT
     for old, new in replacements:
@@ -128,3 +136,27 @@ def test_bad_input_and_where_the_children_find_course_lib():
     root = scale_out_harness.PACKAGE_ROOT       # the folder that holds the imported course_lib, not a guess
     assert (root / "course_lib" / "__init__.py").is_file()
     assert scale_out_harness._env()["PYTHONPATH"].split(os.pathsep)[0] == str(root)
+
+
+# --- per-student variants (course_lib.grading.variants): 2 or 3 ranks and the seed come from the student id ------
+
+def test_the_solution_passes_another_students_variant_on_3_ranks(monkeypatch):
+    monkeypatch.setenv("COURSE_STUDENT_ID", "alice")            # alice: 3 ranks, seed 7
+    world_size, settings = ps.student_settings()
+    assert (world_size, settings["seed"]) == (3, 7) and settings["samples"] % 6 == 0
+    run = ps.run_ddp(SCRIPT, quiet=True)
+    assert run.returncode == 0 and run.world_size == 3 and run.settings["seed"] == 7, run.console
+    for check in CHECKS:
+        check(run)
+
+
+def test_a_run_for_one_student_fails_for_another(solution_run):
+    """The anonymous run (2 ranks, seed 3) is what a script that hard-codes seed 3 does for bob (2 ranks, seed 13)."""
+    import dataclasses
+    bob_world, bob_settings = ps.student_settings("bob")
+    assert bob_world == solution_run.world_size and bob_settings["seed"] != solution_run.settings["seed"]
+    as_bob = dataclasses.replace(solution_run, settings=bob_settings)
+    with pytest.raises(AssertionError, match="expected DistributedSampler's samples"):
+        ps.check_sampler(as_bob)
+    with pytest.raises(AssertionError, match="no log_rank2.jsonl"):   # alice's 3 ranks: a 2-rank run lacks rank 2
+        ps.check_rank_logs(dataclasses.replace(solution_run, world_size=3))

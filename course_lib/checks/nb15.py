@@ -44,6 +44,9 @@ def _mistakes(s, t, y, T, alpha) -> dict:
         "the KL direction is swapped: F.kl_div(input, target) computes KL(target || input), so the student's "
         "log-probabilities go first and the teacher's probabilities second":
             F.kl_div(F.log_softmax(t / T, dim=1), F.softmax(s / T, dim=1), reduction="batchmean") * T**2,
+        "both arguments are log_softmax, but F.kl_div reads its target as probabilities unless log_target=True: "
+        "pass log_target=True, or give the teacher's softmax":
+            F.kl_div(F.log_softmax(s / T, dim=1), F.log_softmax(t / T, dim=1), reduction="batchmean") * T**2,
         "the teacher is not softened: use softmax(teacher_logits / T), the same T as the student":
             F.kl_div(F.log_softmax(s / T, dim=1), F.softmax(t, dim=1), reduction="batchmean") * T**2,
         "the student is not softened: use log_softmax(student_logits / T)":
@@ -79,7 +82,8 @@ def check_distillation_loss(distillation_loss) -> None:
         want = _reference(s, t, y, T, alpha)
         if not torch.allclose(got.detach().double().reshape(()), want.double(), rtol=1e-4, atol=1e-5):
             hints = [h for h, v in _mistakes(s, t, y, T, alpha).items()
-                     if torch.allclose(got.detach().double().reshape(()), v.double(), rtol=1e-4, atol=1e-5)]
+                     if torch.allclose(got.detach().double().reshape(()), v.double(), rtol=1e-4, atol=1e-5,
+                                                 equal_nan=True)]
             raise AssertionError(f"{what} = {got.item():.6f}, expected {want.item():.6f}. "
                                  + (f"Your value matches a known mistake: {hints[0]}." if hints else
                                     "Expected alpha * T**2 * KL(softmax(t/T) || softmax(s/T)) "
@@ -114,6 +118,8 @@ def _front_cases():
     yield [(8, 0.97), (1, 0.90), (32, 0.99), (4, 0.95), (2, 0.93)]   # all on the front, shuffled
     yield [(1, 0.99), (2, 0.50), (3, 0.60)]                       # the smallest beats everything
     yield [(1, 0.90), (2, 0.80), (3, 0.85), (4, 0.95)]            # 0.85 > 0.80, but 0.90 beats it
+    yield [(4, 0.9), (2, 0.8), (4, 0.9), (1, 0.7)]                 # an exact duplicate on the front
+    yield [(5, 0.6), (3, 0.9), (5, 0.6), (3, 0.9), (3, 0.9)]       # duplicates on and off the front
     rng = random.Random(15)
     for _ in range(5):
         pts = {(rng.randint(1, 30), rng.randint(80, 99) / 100) for _ in range(rng.randint(2, 15))}
@@ -121,7 +127,8 @@ def _front_cases():
 
 
 def check_pareto_front(pareto_front) -> None:
-    """`pareto_front(points)` -> indices of the points no other point beats, smallest size first."""
+    """`pareto_front(points)` -> indices of the points no other point beats, smallest size first (of exact
+    duplicates on the front, one or all may be listed)."""
     for points in _front_cases():
         got = pareto_front([tuple(p) for p in points])
         what = f"pareto_front({points})"
@@ -141,10 +148,13 @@ def check_pareto_front(pareto_front) -> None:
                                      "Compare each point with every point, not only its neighbour; smaller size is "
                                      "better.")
         for i, p in enumerate(points):
-            if i not in got:
-                expect(any(_beats(q, p) for q in points),
+            if i not in got and not any(_beats(q, p) for q in points):
+                copies = [j for j, q in enumerate(points) if tuple(q) == tuple(p)]
+                expect(len(copies) > 1 and any(j in got for j in copies),
                        f"{what}: point {i} {p} is missing: no other point is both no bigger and no less accurate "
-                       "(a tie in one coordinate still needs a win in the other to beat it).")
+                       "(a tie in one coordinate still needs a win in the other to beat it"
+                       + (f"; points {copies} are exact copies of each other: a copy does not beat its twin, so keep "
+                          "one of them, or all" if len(copies) > 1 else "") + ").")
         sizes = [points[i][0] for i in got]
         expect(sizes == sorted(sizes), f"{what} returned {got}: order them from the smallest size to the largest")
     passed("pareto_front")

@@ -2,11 +2,15 @@
 
 Both checks run the real Lightning Trainer (one CPU device, SGD, a linear model on random data) and
 compare the weights it ends with, and what it did (optimizer steps, dtypes under autocast), with the
-learner's code. Lightning is the reference, not a copy of the solution.
+learner's code. Lightning is the reference, not a copy of the solution. Flags are judged by what the
+Trainer did, so flags that change nothing graded (progress bar, logger, model summary, deterministic,
+default_root_dir, a max_steps that ends with the epoch) pass; only devices/strategy/num_nodes that would
+start more processes are refused up front.
 """
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -27,12 +31,41 @@ def _setup(batches: int, seed: int = 0):
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), DataLoader(TensorDataset(x, y), batch_size=16)
 
 
-def _trainer(loader, model, **flags):
-    from ..frameworks import FlagProbe, fit_quietly
+# What the check itself decides (quiet, one CPU process); a learner's flag with the same name wins, and then the
+# weights, steps and dtypes judge it. Flags that change only the console, logs or files change nothing graded.
+QUIET = {"accelerator": "cpu", "devices": 1, "max_epochs": 1, "logger": False, "enable_checkpointing": False,
+         "enable_progress_bar": False, "enable_model_summary": False}
+ONE_PROCESS = {"devices": (1, [0], "1", "auto"), "num_nodes": (1,), "accelerator": ("cpu", "auto"),
+               "strategy": ("auto", "single_device")}
 
+
+def _trainer(loader, model, **flags):
+    """Fit FlagProbe(model) with QUIET overridden by `flags`, in a private folder (default_root_dir is ours:
+    a logger or checkpoint a learner switched on writes there, not into the grader's folder)."""
+    import tempfile
+
+    import lightning as L
+
+    from ..frameworks import FlagProbe
+
+    for name, allowed in ONE_PROCESS.items():
+        if name in flags and flags[name] not in allowed:
+            raise AssertionError(f"{name}={flags[name]!r}: the fragment runs in ONE process on the CPU; leave "
+                                 f"{name} out (or {allowed[0]!r}): more devices or nodes would start more processes "
+                                 "and split the batches among them")
     probe = FlagProbe(copy.deepcopy(model), lr=LR)
-    fit_quietly(probe, loader, **flags)
+    with tempfile.TemporaryDirectory(prefix="nb16_trainer_") as root:
+        trainer = L.Trainer(**{**QUIET, **flags, "default_root_dir": root})
+        trainer.fit(probe, loader)
     return probe
+
+
+@functools.lru_cache(maxsize=16)
+def _trainer_weights(accumulate: int, clip) -> tuple:
+    """(optimizer steps, final parameters) of the Trainer on `_setup(7)`: the same every call, so run once."""
+    model, loader = _setup(7)
+    probe = _trainer(loader, model, accumulate_grad_batches=accumulate, gradient_clip_val=clip)
+    return probe.steps, [p.detach().clone() for p in probe.model.parameters()]
 
 
 def check_like_trainer(train_epoch_like_trainer, cases=CASES) -> None:
@@ -41,10 +74,10 @@ def check_like_trainer(train_epoch_like_trainer, cases=CASES) -> None:
         model, loader = _setup(7)
         mine = train_epoch_like_trainer(copy.deepcopy(model), loader, LR, accumulate, clip)
         expect(isinstance(mine, nn.Module), f"return the trained model; got {type(mine).__name__}")
-        probe = _trainer(loader, model, accumulate_grad_batches=accumulate, gradient_clip_val=clip)
-        diff = max_diff(mine, probe.model)
+        steps, weights = _trainer_weights(accumulate, clip)
+        diff = max_diff(list(mine.parameters()), weights)
         expect(diff < 1e-5, f"accumulate={accumulate}, clip={clip}, 7 batches: your weights differ from the "
-               f"Trainer's by {diff:.3g} (the Trainer stepped {probe.steps} times). Hints: "
+               f"Trainer's by {diff:.3g} (the Trainer stepped {steps} times). Hints: "
                + ("each micro-batch's loss is divided by `accumulate`, so the summed gradient is the big batch's "
                   "mean; the Trainer also steps after the LAST batch of the epoch, even if the group is short. "
                   if accumulate > 1 else "with accumulate=1 this is a plain SGD epoch: zero_grad, backward, step. ")
@@ -77,14 +110,20 @@ def check_trainer_flags(trainer_flags) -> None:
     model, loader = _setup(8, seed=1)
     try:
         probe = _trainer(loader, model, **flags)
-    except (TypeError, ValueError, RuntimeError) as exc:   # MisconfigurationException is a ValueError
+    except (TypeError, ValueError, RuntimeError, ImportError) as exc:   # MisconfigurationException: a ValueError
         raise AssertionError(f"Trainer(**{flags}) does not run: {type(exc).__name__}: {exc}") from None
+    expect(len(probe.dtypes) == 8, f"the fragment makes one pass over the loader's 8 batches; with your flags the "
+           f"Trainer ran {len(probe.dtypes)} training steps (max_epochs, max_steps, limit_train_batches, "
+           "fast_dev_run and overfit_batches decide how many)")
     expect(all(p.dtype == torch.float32 for p in probe.parameters()),
            "your flags store the weights in bf16; the fragment keeps fp32 weights and only computes in bf16 "
            "(mixed precision, not 'true' bf16)")
     expect(all(probe.autocast) and set(probe.dtypes) == {torch.bfloat16},
            f"the fragment computes the forward pass under bf16 autocast; with your flags the logits were "
            f"{sorted({str(d) for d in probe.dtypes})}. Which `precision=` value means bf16 autocast?")
+    expect("bf16" in str(flags.get("precision", "bf16")),
+           f"precision={flags.get('precision')!r} asks for fp16 autocast: on a CPU Lightning swaps in bf16 with a "
+           "warning, on a GPU it would compute in fp16. The fragment asks for bf16: say so.")
     expect(probe.steps == 2, f"the fragment steps the optimizer twice in 8 batches; with your flags the Trainer "
            f"stepped {probe.steps} times")
     diff = max_diff(raw_fragment(copy.deepcopy(model), loader), probe.model)

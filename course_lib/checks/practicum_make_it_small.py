@@ -5,7 +5,7 @@ grader re-imports course_lib before every test cell), and says what is missing f
 """
 from __future__ import annotations
 
-from ..grading.make_it_small import FLOOR_DROP, WORKING
+from ..grading.make_it_small import WORKING
 from ..validate import positive_int
 from . import expect, passed
 
@@ -60,18 +60,21 @@ def check_not_the_given_model(result) -> None:
 
 
 def check_floor(result) -> None:
-    """Accuracy at least the given model's minus FLOOR_DROP, on the same test images."""
+    """Accuracy at least the given model's minus the student's floor_drop, on the same test images."""
     _round_trip(result)
     expect(result.floor_met,
            f"accuracy {100 * result.accuracy:.2f}% is below the floor {100 * result.floor:.2f}% (the given model's "
-           f"{100 * result.baseline:.2f}% minus {100 * FLOOR_DROP:.0f} point) on {result.images:,} "
+           f"{100 * result.baseline:.2f}% minus {100 * result.floor_drop:.1f} point, your variant) on "
+           f"{result.images:,} "
            f"{result.test_set}. Prune less (or prune the small layers less: fc3 makes the logits), retrain with "
            "the masks held after pruning (lecture 12), or keep more shared values (lecture 13).")
     passed("accuracy floor")
 
 
-def check_budget(result, budget: int) -> None:
-    """Artifact bytes + code bytes <= `budget`, with the accuracy floor met."""
+def check_budget(result, budget: int | None = None) -> None:
+    """Artifact bytes + code bytes <= `budget` (None: the student's smallest, result.budgets[-1]), with the
+    accuracy floor met."""
+    budget = result.budgets[-1] if budget is None else budget
     positive_int("budget", budget)   # bytes
     _round_trip(result)
     total = result.total_bytes

@@ -1,9 +1,9 @@
 """Checks for solutions/practicum_scale_out.ipynb: run the learner's DDP script for real, then inspect it.
 
-`run_ddp(script)` (course_lib.grading.scale_out_harness) runs the script under torchrun on 2 CPU
-ranks and reads back what it did: each rank's output, the files it wrote, every torch.save with
-its rank, the exit code (a DDPRun). The checks compare it with facts, not with a copy of the
-solution:
+`run_ddp(script)` (course_lib.grading.scale_out_harness) runs the script under torchrun on the student's
+variant of 2 or 3 CPU ranks and a seed (course_lib.grading.variants) and reads back what it did: each rank's
+output, the files it wrote, every torch.save with its rank, the exit code (a DDPRun). The checks compare it
+with facts, not with a copy of the solution:
 
 - logs: one log file per rank, progress printed by rank 0 only;
 - sampler: each rank's samples per epoch are torch's `DistributedSampler(seed=..)` after `set_epoch(e)`;
@@ -23,7 +23,8 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from ..grading.scale_out_harness import (  # noqa: F401 - run_ddp, single_process_reference: the cells call them
-    SETTINGS, WORLD_SIZE, DDPRun, failed_rank, run_ddp, run_probe, single_process_reference, tail)
+    SETTINGS, WORLD_SIZE, DDPRun, failed_rank, run_ddp, run_probe, single_process_reference, student_settings,
+    tail)
 from ..models import LeNet300
 from . import expect, expect_close, passed
 

@@ -12,7 +12,9 @@ needs. RESULTS_DIR gets, per submission, its folder (the submission's path witho
 `grade.json` (the record: content hash, status, seconds, the report), `results.json` (Gradescope's
 format) and `grader.log`; per student `feedback.md`; and `gradebook.csv`, `summary.txt` and
 `totals.png`. Rerun after an interruption: only submissions that are new, changed (a hash of the
-submission, its source and the grading settings) or not finished are graded; `--force` regrades all.
+submission, its source and the grading settings, per-student variants included) or not finished
+are graded; `--force` regrades all. Each submission is graded as its student (the file's or folder's
+name), so practica with per-student variants get that student's parameters.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..processes import kill_tree
-from . import gradebook
+from . import gradebook, variants
 from .grade import Report, find_source, grade, is_test, read_notebook
 from .limits import Limits
 
@@ -99,7 +101,7 @@ def _child(sub: Submission, source: Path, key: str, out: Path, cell_timeout: flo
     log = os.open(out / sub.folder / "grader.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    report = grade(sub.path, source, cell_timeout, timeout, limits)
+    report = grade(sub.path, source, cell_timeout, timeout, limits, student=sub.student)   # its variant
     status = "unreadable" if report.error else "graded"
     gradebook.atomic_write(out / sub.folder / "grade.json",
                            json.dumps(_record(sub, key, status, report, source.name)) + "\n")
@@ -120,7 +122,8 @@ def grade_class(root, out, jobs: int | None = None, source=None, cell_timeout: f
         raise FileNotFoundError(f"no .ipynb under {root} (flat, STUDENT/*.ipynb or STUDENT/ASSIGNMENT/*.ipynb)")
     if out.resolve().is_relative_to(root.resolve()):
         raise ValueError(f"--out {out} is inside the submissions folder {root}: pick a folder beside it")
-    settings = {"cell_timeout": float(cell_timeout), "timeout": float(timeout), "limits": asdict(limits)}
+    settings = {"cell_timeout": float(cell_timeout), "timeout": float(timeout), "limits": asdict(limits),
+                "variants": variants.VARIANTS}   # a changed variant table regrades the practica
     records, todo = {}, []
     for sub in subs:
         (out / sub.folder).mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     p.add_argument("--report", default=None, help="also write that JSON object to this file (atomically, once "
                                                    "every process of the submission is dead)")
     p.add_argument("--gradescope", default=None, help="also write Gradescope's results.json to this file")
+    p.add_argument("--student", default=None, help="the student's id, for practica with per-student variants "
+                                                   "(default: $COURSE_STUDENT_ID, else the defaults)")
     p.add_argument("--cell-timeout", type=float, default=120.0, help="seconds per cell")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole notebook")
     defaults = Limits()
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
     if Path(args.submission).is_dir():
         return _grade_class(args, limits)
     try:
-        report = grade(args.submission, args.source, args.cell_timeout, args.timeout, limits)
+        report = grade(args.submission, args.source, args.cell_timeout, args.timeout, limits, student=args.student)
     except (FileNotFoundError, ValueError) as exc:   # no submission, no source, or an unreadable source
         print(f"error: {exc}", file=sys.stderr)
         return 2

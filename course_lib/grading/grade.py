@@ -60,7 +60,7 @@ try:
 except ImportError as exc:
     raise ImportError(f"grading needs nbformat and nbclient ({exc}): pip install 'course_lib[grading]'") from exc
 
-from . import jail
+from . import jail, variants
 from .limits import Limits
 from .remote import COURSE_ROOT, Sandbox, SandboxLost, StudentError, grading
 from .validate_notebook import notebook_problem
@@ -325,9 +325,12 @@ class _Runner:
 
 
 def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float = 900.0,
-          limits: Limits | None = None) -> Report:
+          limits: Limits | None = None, student: str | None = None) -> Report:
     """Grade the notebook at `submission` against its source; never modifies either file. `limits`: the
-    resource limits of every process that runs the student's code (default: Limits())."""
+    resource limits of every process that runs the student's code (default: Limits()). `student`: the id
+    per-student variants are drawn from (course_lib.grading.variants), set as COURSE_STUDENT_ID for the
+    checks here and for the sandbox; None: $COURSE_STUDENT_ID if set, else the anonymous defaults (never
+    the grader's own JupyterHub name)."""
     limits = limits or Limits()
     start, submission = time.monotonic(), Path(submission)
     if not submission.exists():
@@ -349,7 +352,11 @@ def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float =
             report.messages[grade_id] = "not run: the submission is not a readable notebook (see its error)"
     else:
         hide = _hidden(source, submission)
-        with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp, grading(hide, limits):
+        who = student or os.environ.get(variants.ENV) or variants.ANONYMOUS
+        if source.stem in variants.VARIANTS:   # say which variant was graded: a mismatch must be visible
+            report.notes.append(f"graded as the {variants.describe(source.stem, who).split(' (')[0]}")
+        with variants.as_student(who), \
+                tempfile.TemporaryDirectory(prefix="course-grade-") as tmp, grading(hide, limits):
             runner = _Runner(plan, Path(tmp), hide, cell_timeout, start + timeout)
             try:
                 for source_code, grade_id, points in plan.trusted:

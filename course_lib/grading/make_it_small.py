@@ -44,16 +44,19 @@ import torch
 from torch import nn
 
 from .. import data
-from ..data import cache_dir
 from ..checkpoint import load_checkpoint, save_checkpoint
 from ..compression.measure import serialized_bytes as saved_bytes  # noqa: F401 - an artifact's cost, for the notebook
+from ..data import cache_dir
 from ..env import quick_mode, seed_everything
 from ..models import LeNet300
 from .remote import is_remote
 from .sandbox import SECONDS, describe, load_artifact, python_folders, run_child  # noqa: F401 - SECONDS: the limits
+from .variants import student_id, variant
 
 BUDGETS = (200_000, 100_000, 50_000)   # bytes (KB = 1000 bytes, as Deep Compression counts)
 FLOOR_DROP = 0.01                      # accuracy may fall at most 1 percentage point below the given model's
+# A student's variant (course_lib.grading.variants) replaces the smallest budget (45-55 KB) and FLOOR_DROP
+# (0.8-1.2 points); without a student id these defaults hold.
 WORKING = 0.5                          # a working model classifies at least half of the images right
 QUICK_IMAGES, HIDDEN_IMAGES, NOISE = 2000, 5000, 0.1   # NOISE: std in normalised pixel units (~8/255)
 RECIPE = {"epochs": 8, "lr": 1e-3, "batch_size": 64, "seed": 0}
@@ -142,6 +145,12 @@ def answer_code(source: str) -> str:
 
 # --- measuring ------------------------------------------------------------------------------------
 
+def student_terms(student: str | None = None) -> dict:
+    """{"budgets", "floor_drop"} of `student`'s variant (default: variants.student_id(), as the grader sets it)."""
+    chosen = variant(student_id() if student is None else student, "practicum_make_it_small")
+    return {"budgets": (*BUDGETS[:-1], chosen["budget"]), "floor_drop": chosen["floor_drop"]}
+
+
 @dataclass
 class Measurement:
     """What `measure` found. `stage` names where the answer failed ("" if it did not); accuracy and
@@ -160,6 +169,8 @@ class Measurement:
     error: str = ""
     output: str = ""                    # the last lines the student's code printed
     seconds: dict = field(default_factory=dict)
+    budgets: tuple = BUDGETS            # the size tiers, bytes: the student's variant
+    floor_drop: float = FLOOR_DROP      # the floor is the given model's accuracy minus this: the student's variant
 
     @property
     def code_bytes(self) -> int:
@@ -175,7 +186,7 @@ class Measurement:
 
     @property
     def floor(self) -> float | None:
-        return None if self.baseline is None else self.baseline - FLOOR_DROP
+        return None if self.baseline is None else self.baseline - self.floor_drop
 
     @property
     def floor_met(self) -> bool:
@@ -184,7 +195,7 @@ class Measurement:
     def tiers(self) -> dict:
         """Tier name -> met? (every size tier needs the floor too)."""
         tiers = {"round trip": not self.stage and (self.accuracy or 0) >= WORKING, "floor": self.floor_met}
-        for budget in BUDGETS:
+        for budget in self.budgets:
             tiers[f"<= {budget // 1000} KB"] = self.floor_met and self.total_bytes <= budget
         return tiers
 
@@ -217,7 +228,7 @@ def measure(compress, decompress, source: str | None = None, root=None, quiet: b
     """Measure the answer cells that define `compress` and `decompress` (their code is `source`, or found
     in linecache): size of the artifact + code, accuracy on the test set (quick mode: a fixed
     subset of QUICK_IMAGES). Never raises for the answer's faults: they are in .stage/.error."""
-    result = Measurement()
+    result = Measurement(**student_terms())
     try:
         result.code = answer_code(source if source is not None else answer_source(compress, decompress))
     except (ValueError, SyntaxError) as exc:

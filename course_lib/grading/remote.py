@@ -36,10 +36,10 @@ import torch
 
 import course_lib
 
-from . import jail, wire
-from .limits import Limits
 from ..data import cache_dir, data_root
 from ..processes import kill_tree
+from . import jail, wire
+from .limits import Limits
 
 COURSE_ROOT = Path(course_lib.__file__).resolve().parent.parent
 RAISED_AS = {name: getattr(builtins, name) for name in (

@@ -1,10 +1,11 @@
 """Run a learner's DDP script under torchrun and read back what it did (for course_lib.checks.practicum_scale_out).
 
-`run_ddp(script)` writes the script to a private temporary folder and starts it with torchrun: 2
-ranks, gloo, one thread each, a free port, a deadline, and every process killed afterwards
-(course_lib.processes.run_commands). An audit module on the ranks' PYTHONPATH (a `sitecustomize`)
-records each `torch.save` with the rank that called it. The result (`DDPRun`) holds each rank's
-stdout, the files the script wrote, the audit and the exit code; the folder is deleted.
+`run_ddp(script)` writes the script to a private temporary folder and starts it with torchrun: the
+student's variant of 2 or 3 ranks and a seed (course_lib.grading.variants), gloo, one thread each, a free
+port, a deadline, and every process killed afterwards (course_lib.processes.run_commands). An audit
+module on the ranks' PYTHONPATH (a `sitecustomize`) records each `torch.save` with the rank that called it.
+The result (`DDPRun`) holds each rank's stdout, the files the script wrote, the audit and the exit code;
+the folder is deleted.
 `single_process_reference(run)` runs the given script (course_lib.grading.scale_out) at the DDP
 run's global batch; `run_probe(command)` runs a torchrun command on a probe script that reports
 each rank's view of its group. The children import course_lib from the folder that holds the
@@ -32,13 +33,22 @@ from ..env import pick
 from ..processes import run_commands
 from ..validate import positive_int
 from .remote import student_command
+from .variants import student_id, variant
 
 PACKAGE_ROOT = Path(course_lib.__file__).resolve().parent.parent   # the folder that holds course_lib/
 
 # What the graders run: seed 3 (not the default 0) so that a sampler that ignores --seed shows;
 # noise off so the run is deterministic (the noise is still drawn and logged as a fingerprint).
-SETTINGS = {"epochs": 2, "batch_size": 16, "lr": 0.05, "samples": pick(512, 256), "seed": 3, "noise": 0.0}
+# A student's variant (course_lib.grading.variants) replaces the seed and WORLD_SIZE (2 or 3 ranks):
+# the samples divide by both, so every rank trains on as many samples and no sampler pads.
+SETTINGS = {"epochs": 2, "batch_size": 16, "lr": 0.05, "samples": pick(480, 240), "seed": 3, "noise": 0.0}
 WORLD_SIZE = 2
+
+
+def student_settings(student: str | None = None) -> tuple[int, dict]:
+    """(world_size, settings) of `student`'s variant (default: variants.student_id(), as the grader sets it)."""
+    chosen = variant(student_id() if student is None else student, "practicum_scale_out")
+    return chosen["world_size"], {**SETTINGS, "seed": chosen["seed"]}
 
 AUDIT = '''"""Grader's audit (sitecustomize): record every torch.save with the rank that called it."""
 import json, os
@@ -155,17 +165,20 @@ def _launch(tmp: Path, here: Path, world_size: int, settings: dict, timeout: flo
     return run
 
 
-def run_ddp(script: str, world_size: int = WORLD_SIZE, timeout: float = 90.0, quiet: bool = False,
+def run_ddp(script: str, world_size: int | None = None, timeout: float = 90.0, quiet: bool = False,
             **overrides) -> DDPRun:
     """Run `script` (the text of a .py file) under torchrun on `world_size` CPU ranks; return a DDPRun.
 
-    overrides change SETTINGS (e.g. epochs=1). Never raises for the script's own failures: they
+    world_size None: the student's variant (`student_settings`), whose seed the settings also take;
+    overrides change those settings (e.g. epochs=1). Never raises for the script's own failures: they
     are in returncode/stderr, and the checks explain them.
     """
     if not isinstance(script, str):
         raise TypeError(f"script must be the text of a Python file (a str); got {type(script).__name__}")
+    variant_world, settings = student_settings()
+    world_size = variant_world if world_size is None else world_size
     positive_int("world_size", world_size)
-    settings = {**SETTINGS, **overrides}
+    settings = {**settings, **overrides}
     tmp = Path(tempfile.mkdtemp(prefix="scale_out_"))
     try:
         (tmp / "site").mkdir()
