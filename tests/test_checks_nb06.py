@@ -28,8 +28,9 @@ def drops_remainder(batch, k):
     return [batch[i * size:(i + 1) * size] for i in range(k)]
 
 
-def wrong_dim(batch, k):
-    return list(torch.chunk(batch, k, dim=1))
+def wrong_dim(batch, k):  # slices the features, not the samples
+    size = -(-batch.shape[1] // k)
+    return [batch[:, i:i + size] for i in range(0, batch.shape[1], size)]
 
 
 def even_sizes(batch, k):  # torch.tensor_split: 3, 3, 2, 2 instead of torch.chunk's 3, 3, 3, 1
@@ -40,12 +41,48 @@ def strided(batch, k):  # round-robin rows: right sizes sometimes, wrong samples
     return [batch[i::k] for i in range(min(k, batch.shape[0]))]
 
 
+def with_torch_chunk(batch, k):  # the right pieces, but with the built-in the exercise forbids
+    return list(torch.chunk(batch, k))
+
+
+def method_chunk(batch, k):
+    return list(batch.chunk(k, dim=0))
+
+
+def floor_size_plus_last(batch, k):  # floor(N/k) rows, the remainder glued onto the last chunk: 2, 2, 2, 4
+    size = batch.shape[0] // k
+    if size == 0:
+        return [batch]
+    return [batch[i * size:(i + 1) * size] for i in range(k - 1)] + [batch[(k - 1) * size:]]
+
+
+def always_k_chunks(batch, k):  # ceil-sized, but k pieces even when the batch runs out (empty tails)
+    size = -(-batch.shape[0] // k)
+    return [batch[i * size:(i + 1) * size] for i in range(k)]
+
+
 @pytest.mark.parametrize("wrong, hint", [
+    (with_torch_chunk, "calls chunk"), (method_chunk, "calls chunk"), (floor_size_plus_last, "torch.chunk's"),
+    (always_k_chunks, "torch.chunk's"),
     (drops_remainder, "remainder"), (wrong_dim, "only dim 0"), (even_sizes, "torch.chunk"), (strided, "torch.chunk|in order"),
 ])
 def test_scatter_wrong_answers(wrong, hint):
     with pytest.raises(AssertionError, match=hint):
         check_scatter(wrong)
+
+
+def test_scatter_equivalent_answers_pass():
+    def with_split(batch, k):             # torch.split with the ceil size: the same pieces, sized by hand
+        return list(torch.split(batch, -(-batch.shape[0] // k)))
+
+    def narrow_loop(batch, k):
+        size, out, start = -(-batch.shape[0] // k), [], 0
+        while start < batch.shape[0]:
+            out.append(batch.narrow(0, start, min(size, batch.shape[0] - start)))
+            start += size
+        return tuple(out)
+    check_scatter(with_split)
+    check_scatter(narrow_loop)
 
 
 def averages(replicas, master):
@@ -74,10 +111,36 @@ def returns_instead(replicas, master):
     return [sum(p.grad for p in copies) for copies in zip(*(r.parameters() for r in replicas))]
 
 
+def mean_loss_share(replicas, master):   # sum, then divide by the number of samples again
+    for target, *copies in zip(master.parameters(), *(r.parameters() for r in replicas)):
+        target.grad = sum(p.grad for p in copies) / 11
+
+
+def last_replica_wins(replicas, master):  # overwrites instead of adding
+    for target, *copies in zip(master.parameters(), *(r.parameters() for r in replicas)):
+        for p in copies:
+            target.grad = p.grad.clone()
+
+
 @pytest.mark.parametrize("wrong, hint", [
-    (averages, "MEAN"), (forgets_to_zero, "old master gradient"), (replica_zero_only, "replica 0's alone"),
+    (averages, "MEAN"), (mean_loss_share, "gradient of master parameter"), (last_replica_wins, "replica"), (forgets_to_zero, "old master gradient"), (replica_zero_only, "replica 0's alone"),
     (aliases_replica_zero, "replica's gradient was modified"), (returns_instead, "return nothing"),
 ])
 def test_reduce_gradients_wrong_answers(wrong, hint):
     with pytest.raises(AssertionError, match=hint):
         check_reduce_gradients(wrong)
+
+
+def test_reduce_gradients_equivalent_answers_pass():
+    def zero_then_add(replicas, master):  # reuse the master's tensor: zero it, then add in place
+        for target, *copies in zip(master.parameters(), *(r.parameters() for r in replicas)):
+            target.grad.zero_()
+            for p in copies:
+                target.grad.add_(p.grad)
+
+    def stacked(replicas, master):
+        for target, *copies in zip(master.parameters(), *(r.parameters() for r in replicas)):
+            target.grad = torch.stack([p.grad for p in copies]).sum(0)
+        return master
+    check_reduce_gradients(zero_then_add)
+    check_reduce_gradients(stacked)

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-import nbtools
-from course_lib.checks.nb07 import check_bucket_hooks, check_shard_indices, check_should_checkpoint
+from course_lib.checks.nb07 import check_shard_indices, check_should_checkpoint
 from nbtools import ROOT, notebook_namespace
 
 NB = ROOT / "solutions" / "07_ddp_exercises.ipynb"
@@ -45,10 +44,51 @@ def contiguous_chunks(n, rank, world_size, epoch, seed):
     return order[rank * per:(rank + 1) * per]
 
 
-@pytest.mark.parametrize("wrong", [no_padding, no_set_epoch, contiguous_chunks])
-def test_wrong_shard_indices_fail(wrong):
-    with pytest.raises(AssertionError):
+def drop_last(n, rank, world_size, epoch, seed):
+    order = perm(n, seed + epoch)
+    return order[:n - n % world_size][rank::world_size]
+
+
+def pads_with_last(n, rank, world_size, epoch, seed):
+    order = perm(n, seed + epoch)
+    total = -(-n // world_size) * world_size
+    return (order + [order[-1]] * (total - n))[rank::world_size]
+
+
+def seeded_with_epoch_only(n, rank, world_size, epoch, seed):
+    return NS["shard_indices"](n, rank, world_size, epoch, 0) if seed == 0 else \
+        NS["shard_indices"](n, rank, world_size, 0, seed + epoch + 1)    # off by one in the seed
+
+
+def starts_at_rank_plus_one(n, rank, world_size, epoch, seed):
+    order = perm(n, seed + epoch)
+    total = -(-n // world_size) * world_size
+    order = (order * world_size)[:total]
+    return order[(rank + 1) % world_size::world_size]
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (no_padding, "same number"), (no_set_epoch, "epoch is ignored"), (contiguous_chunks, "the wrong ones"),
+    (drop_last, "drop_last"), (pads_with_last, "FIRST indices"), (seeded_with_epoch_only, "seed \\+ epoch"),
+    (starts_at_rank_plus_one, "the wrong ones")])
+def test_wrong_shard_indices_fail(wrong, message):
+    with pytest.raises(AssertionError, match=message):
         check_shard_indices(wrong)
+
+
+def test_equivalent_shard_indices_pass():
+    def with_sampler(n, rank, world_size, epoch, seed):    # torch's own sampler is a right answer
+        from torch.utils.data.distributed import DistributedSampler
+        sampler = DistributedSampler(range(n), world_size, rank, shuffle=True, seed=seed)
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    def with_tensors(n, rank, world_size, epoch, seed):
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+        total = -(-n // world_size) * world_size
+        return order.repeat(-(-total // n))[:total][rank::world_size].tolist()
+    check_shard_indices(with_sampler)
+    check_shard_indices(with_tensors)
 
 
 @pytest.mark.parametrize("wrong", [
@@ -62,67 +102,87 @@ def test_wrong_should_checkpoint_fails(wrong):
         check_should_checkpoint(wrong)
 
 
-# --- exercise 3: bucketed all-reduce hooks (each check starts 2 gloo processes) ------------------------
+# --- exercise 3: bucketed all-reduce hooks (ONE launch of 2 gloo processes runs every answer) -------------
 
-def solution_module(tmp_path):
-    return nbtools.solution_module(NB, tmp_path)
-
-
-def stub_hooks(buckets):
-    raise NotImplementedError()
+def _solution_source() -> str:
+    import nbformat
+    nb = nbformat.read(str(NB), as_version=4)
+    return next(c.source for c in nb.cells if c.cell_type == "code" and "def attach_bucket_hooks" in c.source)
 
 
-def flat_after_backward(buckets):
+def _variant(*replacements) -> str:
+    source = _solution_source()
+    for old, new in zip(replacements[::2], replacements[1::2]):
+        assert old in source, old
+        source = source.replace(old, new)
+    return source
+
+
+WRONG_HOOKS = {   # name: (source, the message the check must give)
+    "sum_not_mean": (_variant("            flat /= dist.get_world_size()\n", ""), "differ from torch DDP"),
+    "blocking": (_variant("dist.all_reduce(flat, async_op=True)", "dist.all_reduce(flat)",
+                          "            work.wait()\n", ""), "async_op=True"),
+    "no_reset": (_variant("        ready[:] = [0] * len(buckets)\n", ""), "second backward"),
+    "per_parameter": (_variant("if ready[b] == len(buckets[b]):", "if True:",
+                               "torch.cat([q.grad.reshape(-1) for q in buckets[b]])", "p.grad.reshape(-1).clone()",
+                               "pending.append((buckets[b], flat,", "pending.append(([p], flat,"), "all-reduces for"),
+    "first_grad_of_bucket": (_variant("if ready[b] == len(buckets[b]):", "if ready[b] == 1:"), "ALL its gradients"),
+    "flat_after_backward": ("""def flat_after_backward(buckets):
     params = [p for bucket in buckets for p in bucket]
 
     def finish():                       # FlatDDP: right gradients, but nothing overlaps backward
         flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat)  # noqa: F821 - provided by the worker's namespace
-        flat /= dist.get_world_size()  # noqa: F821
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
         for p, g in zip(params, flat.split([p.numel() for p in params])):
             p.grad.copy_(g.view_as(p))
     return finish
+""", "after backward"),
+}
 
-
-def sum_not_mean(buckets):
-    bucket_of = {id(p): b for b, params in enumerate(buckets) for p in params}
-    ready, pending = [0] * len(buckets), []
-
-    def hook(p):
-        b = bucket_of[id(p)]
-        ready[b] += 1
-        if ready[b] == len(buckets[b]):
-            flat = torch.cat([q.grad.reshape(-1) for q in buckets[b]])
-            pending.append((buckets[b], flat, dist.all_reduce(flat, async_op=True)))  # noqa: F821
-
-    for params in buckets:
+# a different correct answer: one hook per bucket's parameter set, counting with a set, waiting in order
+SET_COUNTING = """def attach_bucket_hooks(buckets):
+    state = {"seen": [set() for _ in buckets], "works": []}
+    for b, params in enumerate(buckets):
+        def hook(p, b=b, params=params):
+            state["seen"][b].add(id(p))
+            if len(state["seen"][b]) == len(params):
+                flat = torch.cat([q.grad.flatten() for q in params]).div_(dist.get_world_size())
+                state["works"].append((params, flat, dist.all_reduce(flat, async_op=True)))
         for p in params:
             p.register_post_accumulate_grad_hook(hook)
 
-    def finish():                       # forgets to divide by the world size: the sum, not DDP's mean
-        for params, flat, work in pending:
+    def finish():
+        for params, flat, work in state["works"]:
             work.wait()
-            for q, g in zip(params, flat.split([q.numel() for q in params])):
-                q.grad.copy_(g.view_as(q))
-        pending.clear()
-        ready[:] = [0] * len(buckets)
+            offset = 0
+            for q in params:
+                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q))
+                offset += q.numel()
+        state["works"].clear()
+        for seen in state["seen"]:
+            seen.clear()
     return finish
+"""
 
 
 @pytest.mark.timeout(120)
-def test_bucket_hooks_solution_passes(tmp_path):
-    check_bucket_hooks(solution_module(tmp_path).attach_bucket_hooks)
+def test_bucket_hooks_check_passes_correct_answers_and_rejects_wrong_ones():
+    from course_lib.checks.nb07 import bucket_hook_cases, judge_bucket_hooks
+    from course_lib.distributed.launch import launch
+    from many_answers import cases_many, function_name, judge_or_raise
 
-
-@pytest.mark.timeout(120)
-def test_bucket_hooks_stub_fails():
-    with pytest.raises(NotImplementedError):
-        check_bucket_hooks(stub_hooks)
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("wrong,message", [(flat_after_backward, "after backward"),
-                                           (sum_not_mean, "differ from torch DDP")])
-def test_bucket_hooks_wrong_answers_fail(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        check_bucket_hooks(wrong)
+    answers = {"solution": _solution_source(), "set_counting": SET_COUNTING,
+               "stub": "def stub_hooks(buckets):\n    raise NotImplementedError()\n",
+               **{k: src for k, (src, _) in WRONG_HOOKS.items()}}
+    runs = launch(cases_many, 2, bucket_hook_cases, [(src, function_name(src)) for src in answers.values()],
+                  timeout=100)
+    for i, key in enumerate(answers):
+        per_rank = [rank_runs[i] for rank_runs in runs]
+        if key == "stub":         # run_on_ranks turns this into NotImplementedError("... is still the stub")
+            assert all(r.startswith("NotImplementedError") for r in per_rank), per_rank
+        elif key in WRONG_HOOKS:
+            with pytest.raises(AssertionError, match=WRONG_HOOKS[key][1]):
+                judge_or_raise(judge_bucket_hooks, 2, per_rank)
+        else:
+            judge_or_raise(judge_bucket_hooks, 2, per_rank)

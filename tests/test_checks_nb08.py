@@ -1,5 +1,6 @@
 """The checks of exercise notebook 08 pass the reference solutions and fail stubs and wrong answers."""
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -86,10 +87,75 @@ def temp_in_other_folder(path, state):
             raise
 
 
-@pytest.mark.parametrize("wrong", [in_place, temp_left_behind, never_renamed, swallows_error, temp_in_other_folder])
-def test_wrong_atomic_saves_fail(wrong):
-    with pytest.raises(AssertionError):
+def copies_over(path, state):                   # a temporary file, but COPIED onto the path: not atomic
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        torch.save(state, tmp)
+        shutil.copyfile(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def moved_from_home_folder(path, state):         # shutil.move from another folder (a copy across file systems)
+    fd, tmp = tempfile.mkstemp(suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        shutil.move(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def removes_then_renames(path, state):           # deletes the old checkpoint first: a crash leaves nothing
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        torch.save(state, tmp)
+        tmp.rename(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (in_place, "never arrived by a rename"), (temp_left_behind, "remove the temporary file"),
+    (never_renamed, "did not create"), (swallows_error, "returned normally"),
+    (temp_in_other_folder, "not in the checkpoint's folder"), (copies_over, "never arrived by a rename"),
+    (moved_from_home_folder, "not in the checkpoint's folder"), (removes_then_renames, "destroyed the old"),
+])
+def test_wrong_atomic_saves_fail(wrong, message):
+    with pytest.raises(AssertionError, match=message):
         check_atomic_save(wrong)
+
+
+def test_equivalent_atomic_saves_pass():
+    def named_temporary_file(path, state):       # NamedTemporaryFile + fsync + Path.replace
+        path = Path(path)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
+            try:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            except BaseException:
+                f.close()
+                os.unlink(f.name)
+                raise
+        Path(f.name).replace(path)
+
+    def fixed_name_with_rename(path, state):    # a fixed temporary name beside the path, os.rename (POSIX)
+        tmp = f"{path}.partial"
+        try:
+            torch.save(state, tmp)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        os.rename(tmp, path)
+    check_atomic_save(named_temporary_file)
+    check_atomic_save(fixed_name_with_rename)
 
 
 def test_check_restores_torch_save_and_os_replace():

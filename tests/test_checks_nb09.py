@@ -146,8 +146,28 @@ def whole_product_per_rank(x, w, b, world):
     return [x @ w.T / world for _ in range(world)], x @ w.T + b
 
 
-@pytest.mark.parametrize("wrong", [bias_on_every_rank, split_output_features, interleaved_features, no_all_reduce,
-                                   whole_product_per_rank])
-def test_wrong_row_parallel_linear_fails(wrong):
-    with pytest.raises(AssertionError):
+def mean_of_partials(x, w, b, world):            # all-reduce with AVG
+    partials = [x[:, s] @ w[:, s].T for s in _chunks(x.shape[-1], world)]
+    return partials, torch.stack(partials).mean(0) + b
+
+
+def bias_in_partials_summed(x, w, b, world):      # each rank adds the bias to its partial before the all-reduce
+    partials = [x[:, s] @ w[:, s].T for s in _chunks(x.shape[-1], world)]
+    return partials, sum(p + b for p in partials)
+
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (bias_on_every_rank, "bias was added on every rank"), (bias_in_partials_summed, "bias was added on every rank"),
+    (mean_of_partials, "SUM"), (split_output_features, "partials"), (interleaved_features, "does not own"),
+    (no_all_reduce, "y vs F.linear"), (whole_product_per_rank, "does not own")])
+def test_wrong_row_parallel_linear_fails(wrong, message):
+    with pytest.raises(AssertionError, match=message):
         check_row_parallel_linear(wrong)
+
+
+def test_equivalent_row_parallel_linear_passes():
+    def with_chunk_and_einsum(x, w, b, world):   # torch.chunk views and einsum: the same partials
+        partials = [torch.einsum("bi,oi->bo", xs, ws) for xs, ws in zip(x.chunk(world, -1), w.chunk(world, -1))]
+        return partials, torch.stack(partials).sum(0) + b
+    check_row_parallel_linear(with_chunk_and_einsum)

@@ -42,10 +42,34 @@ def uncut_split(n, rank, world_size):              # runs past n on the last ran
     return rank * s, (rank + 1) * s
 
 
-@pytest.mark.parametrize("wrong", [floor_split, balanced_split, uncut_split, lambda n, r, w: [0, n]])
-def test_wrong_shard_ranges_fail(wrong):
-    with pytest.raises(AssertionError):
+def off_by_one_stop(n, rank, world_size):          # stops one short of the next rank's start
+    s = -(-n // world_size)
+    return min(rank * s, n), min((rank + 1) * s - 1, n)
+
+
+def float_bounds(n, rank, world_size):             # true division: floats, and uneven pieces
+    return rank * n / world_size, (rank + 1) * n / world_size
+
+
+def overlapping(n, rank, world_size):              # ceil for the stop, floor for the start
+    return rank * (n // world_size), min((rank + 1) * -(-n // world_size), n)
+
+
+@pytest.mark.parametrize("wrong, message", [(floor_split, "belong to no rank"), (balanced_split, "ceil"),
+                                            (uncut_split, "outside"), (lambda n, r, w: [0, n], "tuple of two ints"),
+                                            (off_by_one_stop, "belong to no rank"), (float_bounds, "tuple of two ints"),
+                                            (overlapping, "overlap")])
+def test_wrong_shard_ranges_fail(wrong, message):
+    with pytest.raises(AssertionError, match=message):
         check_shard_range(wrong)
+
+
+def test_equivalent_shard_range_passes():
+    def with_chunk(n, rank, world_size):         # torch.chunk's pieces, read back as ranges
+        sizes = [len(c) for c in torch.arange(n).chunk(world_size)] + [0] * world_size
+        start = min(sum(sizes[:rank]), n)
+        return start, start + sizes[rank]
+    check_shard_range(with_chunk)
 
 
 # --- wrong sharded optimizers -------------------------------------------------------------------
@@ -97,10 +121,76 @@ class SharedReplicas(ShardedSGD):
         self.replicas = [self.replicas[0]] * world_size
 
 
-@pytest.mark.parametrize("wrong", [FullStateOnEveryRank, FloorShards, NoAllGather, ForgetsMomentum, SharedReplicas])
-def test_wrong_sharded_sgd_fails(wrong):
-    with pytest.raises(AssertionError):
+class GatherBeforeUpdate(ShardedSGD):
+    """All-gathers first, then updates: the other ranks' copies are one step behind."""
+
+    def step(self, grad):
+        for r, (start, stop) in enumerate(self.ranges):
+            for replica in self.replicas:
+                replica[start:stop] = self.replicas[r][start:stop]
+        for r, (start, stop) in enumerate(self.ranges):
+            self.buffers[r].mul_(self.momentum).add_(grad[start:stop])
+            self.replicas[r][start:stop] -= self.lr * self.buffers[r]
+
+
+class MomentumOnUpdate(ShardedSGD):
+    """v = m*v + lr*g, then p -= lr*v: the learning rate applied twice."""
+
+    def step(self, grad):
+        for r, (start, stop) in enumerate(self.ranges):
+            self.buffers[r].mul_(self.momentum).add_(self.lr * grad[start:stop])
+            self.replicas[r][start:stop] -= self.lr * self.buffers[r]
+        for r, (start, stop) in enumerate(self.ranges):
+            for replica in self.replicas:
+                replica[start:stop] = self.replicas[r][start:stop]
+
+
+class Dampened(ShardedSGD):
+    """v = m*v + (1-m)*g: an exponential average, not torch's momentum (dampening=0)."""
+
+    def step(self, grad):
+        for r, (start, stop) in enumerate(self.ranges):
+            self.buffers[r].mul_(self.momentum).add_((1 - self.momentum) * grad[start:stop])
+            self.replicas[r][start:stop] -= self.lr * self.buffers[r]
+        for r, (start, stop) in enumerate(self.ranges):
+            for replica in self.replicas:
+                replica[start:stop] = self.replicas[r][start:stop]
+
+
+@pytest.mark.parametrize("wrong, message", [(FullStateOnEveryRank, "momentum buffers of"),
+                                            (FloorShards, "no rank updated"), (NoAllGather, "all-gather"),
+                                            (ForgetsMomentum, "momentum update"), (SharedReplicas, "share memory"),
+                                            (GatherBeforeUpdate, "all-gather"), (MomentumOnUpdate, "momentum update"),
+                                            (Dampened, "momentum update")])
+def test_wrong_sharded_sgd_fails(wrong, message):
+    with pytest.raises(AssertionError, match=message):
         check_sharded_sgd(wrong)
+
+
+class LrFolded(ShardedSGD):
+    """A different correct answer: the buffer keeps lr*v (v' = m*v' + lr*g; p -= v'), the same steps at constant lr."""
+
+    def step(self, grad):
+        for r, (start, stop) in enumerate(self.ranges):
+            self.buffers[r].mul_(self.momentum).add_(grad[start:stop], alpha=self.lr)
+            self.replicas[r][start:stop] -= self.buffers[r]
+        for r, (start, stop) in enumerate(self.ranges):
+            for replica in self.replicas:
+                replica[start:stop] = self.replicas[r][start:stop]
+
+
+class BalancedShards(ShardedSGD):
+    """A different correct answer: tensor_split's balanced shards (sizes differ by one), still at most ceil(n/N)."""
+
+    def __init__(self, param, world_size, lr, momentum=0.9):
+        super().__init__(param, world_size, lr, momentum)
+        self.ranges = [balanced_split(param.numel(), r, world_size) for r in range(world_size)]
+        self.buffers = [torch.zeros(stop - start) for start, stop in self.ranges]
+
+
+@pytest.mark.parametrize("correct", [LrFolded, BalancedShards])
+def test_equivalent_sharded_sgd_passes(correct):
+    check_sharded_sgd(correct)
 
 
 # --- wrong memory formulas ----------------------------------------------------------------------

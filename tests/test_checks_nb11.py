@@ -29,18 +29,34 @@ def any_nonfinite(ts, test=lambda t: ~torch.isfinite(t)):
     return any(bool(test(t).any()) for t in ts)
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda grads, s: (grads, any_nonfinite(grads)),                                   # not unscaled
-    lambda grads, s: ([g * s for g in grads], any_nonfinite(grads)),                  # scaled twice
-    lambda grads, s: ([g / s for g in grads], any_nonfinite(grads, torch.isinf)),     # misses nan
-    lambda grads, s: ([g / s for g in grads], any_nonfinite(grads[:1])),              # first tensor only
-    lambda grads, s: ([g / s for g in grads], any_nonfinite(grads[-1:])),             # last tensor only
-    lambda grads, s: ([g / s for g in grads], torch.tensor(any_nonfinite(grads))),    # a tensor, not a bool
-    lambda grads, s: ([g / s for g in grads], not any_nonfinite(grads)),              # inverted
+def unscale_twice(grads, scale):                  # divides in place, then again in the returned list
+    for g in grads:
+        g.div_(scale)
+    return [g / scale for g in grads], any_nonfinite(grads)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda grads, s: (grads, any_nonfinite(grads)), "still scaled"),                      # not unscaled
+    (lambda grads, s: ([g * s for g in grads], any_nonfinite(grads)), "multiplied"),       # scaled again
+    (unscale_twice, "twice"),
+    (lambda grads, s: ([g / s for g in grads], any_nonfinite(grads, torch.isinf)), "nan"),  # misses nan
+    (lambda grads, s: ([g / s for g in grads], any_nonfinite(grads[:1])), "every tensor"),  # first tensor only
+    (lambda grads, s: ([g / s for g in grads], any_nonfinite(grads[-1:])), "every tensor"),  # last tensor only
+    (lambda grads, s: ([g / s for g in grads], torch.tensor(any_nonfinite(grads))), "bool"),  # a tensor
+    (lambda grads, s: ([g / s for g in grads], not any_nonfinite(grads)), "found_inf is"),  # inverted
+    (lambda grads, s: ([g / s for g in grads], any(bool((g == float("inf")).any()) for g in grads)), "found_inf is"),
 ])
-def test_wrong_unscale_and_check_fails(wrong):
-    with pytest.raises(AssertionError):
+def test_wrong_unscale_and_check_fails(wrong, message):
+    with pytest.raises(AssertionError, match=message):
         check_unscale_and_check(wrong)
+
+
+def test_equivalent_unscale_and_check_passes():
+    def in_place_with_torch_kernel(grads, scale):    # GradScaler's own kernel, in place
+        found = torch.zeros(1)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.full((1,), 1.0 / scale))
+        return grads, bool(found.item())
+    check_unscale_and_check(in_place_with_torch_kernel)
 
 
 def schedule(found_infs, init_scale, growth_factor, backoff_factor, growth_interval, *, skip=True,
@@ -63,13 +79,33 @@ def schedule(found_infs, init_scale, growth_factor, backoff_factor, growth_inter
     return scales, skipped
 
 
-@pytest.mark.parametrize("mistake", [dict(skip=False), dict(reset_on_inf=False), dict(grow_every_step=True),
-                                     dict(interval_offset=1), dict(interval_offset=-1), dict(record_after=True),
-                                     dict(reset_on_inf=False, count_infs=True)])
-def test_wrong_scale_schedule_fails(mistake):
+@pytest.mark.parametrize("mistake, message", [
+    (dict(skip=False), "must be skipped"), (dict(reset_on_inf=False), "must reset the count"),
+    (dict(grow_every_step=True), "grew too early"), (dict(interval_offset=1), "should have grown"),
+    (dict(interval_offset=-1), "grew too early"), (dict(record_after=True), "init_scale"),
+    (dict(reset_on_inf=False, count_infs=True), "should have grown")])
+def test_wrong_scale_schedule_fails(mistake, message):
     assert check_scale_schedule(lambda *a: schedule(*a)) is None          # the harness itself is right
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match=message):
         check_scale_schedule(lambda *a: schedule(*a, **mistake))
+
+
+def test_equivalent_scale_schedule_passes():
+    def with_grad_scaler(found_infs, init_scale, growth_factor, backoff_factor, growth_interval):
+        from course_lib.precision import grad_scaler_schedule   # torch's GradScaler itself
+        return grad_scaler_schedule(found_infs, init_scale=init_scale, growth_factor=growth_factor,
+                                    backoff_factor=backoff_factor, growth_interval=growth_interval)
+
+    def counting_down(found_infs, init_scale, growth_factor, backoff_factor, growth_interval):
+        scale, left, out = init_scale, growth_interval, ([], [])
+        for inf in found_infs:
+            out[0].append(scale), out[1].append(inf)
+            scale, left = (scale * backoff_factor, growth_interval) if inf else (scale, left - 1)
+            if left == 0:
+                scale, left = scale * growth_factor, growth_interval
+        return out
+    check_scale_schedule(with_grad_scaler)
+    check_scale_schedule(counting_down)
 
 
 def counts(grads, scale, flush_below=TINY / 2, inclusive=True, overflow_from=65520.0, use_scale=True,

@@ -8,6 +8,10 @@ solution.
 """
 from __future__ import annotations
 
+import inspect
+import io
+import tokenize
+
 import torch
 
 
@@ -57,6 +61,32 @@ def run_on_ranks(worker, world_size: int, fn, hung: str, timeout: float = 90) ->
             tail = "\n".join(str(e).strip().splitlines()[-4:])
             raise AssertionError(f"on {world_size} ranks, {tail}") from None
     raise AssertionError(f"on {world_size} ranks the ranks hung: {hung}")
+
+
+def answer_source(fn) -> str:
+    """The code of the learner's answer: what a grader's proxy carries (`.source`, its answer cells) or a local
+    function's own source; "" when neither can be read (then a check judges by behaviour alone)."""
+    from ..grading.remote import is_remote
+    if is_remote(fn):
+        return fn.source or ""
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
+
+
+def calls_method(source: str, name: str) -> bool:
+    """Whether `source` calls `.name(` (torch.chunk(...), x.chunk(...)) or imports `name`; comments and strings
+    do not count, nor a variable that merely has the name (`for chunk in chunks`)."""
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type in (tokenize.NAME, tokenize.OP)]
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    text = [t.string for t in tokens]
+    return any(text[i] == name and ((i and text[i - 1] == "." and text[i + 1:i + 2] == ["("])
+                                    or tokens[i].line.lstrip().startswith(("import ", "from ")))
+               for i in range(len(text)))
 
 
 def passed(name: str) -> None:

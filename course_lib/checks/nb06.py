@@ -11,11 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import expect, expect_close, passed
+from . import answer_source, calls_method, expect, expect_close, passed
 
 
 def check_scatter(scatter) -> None:
     """scatter(batch, k) splits dim 0 into torch.chunk's pieces, in order, without changing the rest."""
+    expect(not calls_method(answer_source(scatter), "chunk"), "scatter calls chunk: the exercise asks you to "
+           "size the pieces yourself, with slicing (torch.chunk is what the check compares with)")
     for n, k in ((10, 4), (10, 3), (8, 2), (5, 4), (7, 1), (2, 5)):
         batch = torch.arange(n * 3 * 2, dtype=torch.float32).reshape(n, 3, 2)
         expected = torch.chunk(batch, k, dim=0)

@@ -23,6 +23,12 @@ from ..models import max_diff
 CASES = [(10, 3), (12, 4), (5, 2), (2, 3), (9, 1)]
 
 
+def _sampler(n: int, world: int, rank: int, epoch: int, drop_last: bool = False) -> list:
+    sampler = DistributedSampler(range(n), world, rank, shuffle=True, seed=42, drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
 def check_shard_indices(shard_indices) -> None:
     """`shard_indices(n, rank, world_size, epoch, seed) -> list[int]` equals DistributedSampler's."""
     for n, world in CASES:
@@ -33,18 +39,25 @@ def check_shard_indices(shard_indices) -> None:
                    f"n={n}, world_size={world}: ranks got {lengths} samples. Every rank must get the same "
                    "number, or the rank with fewer batches leaves while the others wait in all-reduce forever. "
                    "Hint: pad the permutation with its own first indices up to a multiple of world_size.")
-            for r, shard in enumerate(shards):
-                sampler = DistributedSampler(range(n), world, r, shuffle=True, seed=42)
-                sampler.set_epoch(epoch)
-                expected = list(sampler)
-                expect(sorted(shard) == sorted(expected) or len(shard) != len(expected),
-                       f"n={n}, world_size={world}, rank={r}, epoch={epoch}: this rank gets the wrong samples. "
-                       "Hint: rank r takes every world_size-th index of the padded permutation, starting at r "
+            wanted = [_sampler(n, world, r, epoch) for r in range(world)]
+            for r, (shard, expected) in enumerate(zip(shards, wanted)):
+                if shard == expected:
+                    continue
+                where = f"n={n}, world_size={world}, rank={r}, epoch={epoch}"
+                expect(epoch == 0 or shard != _sampler(n, world, r, 0),
+                       f"{where}: the same indices as in epoch 0: the epoch is ignored (the sampler's set_epoch). "
+                       "Seed the permutation with seed + epoch, or every epoch repeats the same batches.")
+                expect(n % world == 0 or shard != _sampler(n, world, r, epoch, drop_last=True),
+                       f"{where}: you dropped the last n % world_size indices (drop_last=True); DistributedSampler's "
+                       "default pads with the permutation's own first indices instead, so no sample is lost.")
+                expect(sorted(sum(shards, [])) != sorted(sum(wanted, [])),
+                       f"{where}: the ranks together get the right samples, but this rank the wrong ones. Hint: rank r "
+                       "takes every world_size-th index of the padded permutation, starting at r "
                        "(indices[r::world_size]), not a contiguous chunk.")
-                expect(shard == expected,
-                       f"n={n}, world_size={world}, rank={r}, epoch={epoch}: expected {expected}, got {shard}. "
-                       "Hint: torch.randperm(n, generator=g) with g.manual_seed(seed + epoch); the epoch must "
-                       "change the order, or every epoch repeats the same batches.")
+                raise AssertionError(
+                    f"{where}: expected {expected}, got {shard}. Hint: torch.randperm(n, generator=g) with "
+                    "g.manual_seed(seed + epoch); pad with the permutation's FIRST indices (repeating them if "
+                    "needed); rank r takes indices[r::world_size].")
     passed("shard_indices")
 
 
@@ -102,7 +115,14 @@ def bucket_hook_cases(rank: int, world_size: int, source: str, name: str) -> lis
             x, y = torch.randn(8, WIDTHS[0], generator=g), torch.randint(0, WIDTHS[-1], (8,), generator=g)
             model.zero_grad()
             log.clear()
-            nn.functional.cross_entropy(model(x), y).backward()
+            try:
+                nn.functional.cross_entropy(model(x), y).backward()
+            except AttributeError as exc:
+                if "NoneType" not in str(exc):
+                    raise
+                raise RuntimeError(f"step {step + 1}: {exc}: a hook read a gradient that backward has not produced "
+                                   "yet (p.grad is None); launch a bucket only when ALL its gradients are "
+                                   "ready") from None
             log.append(("backward returned",))
             if callable(finish):
                 finish()
@@ -130,8 +150,14 @@ def _run_bucket_hooks(fn, world_size: int = 2) -> list:
 def check_bucket_hooks(fn) -> None:
     """fn(buckets) registers hooks that all-reduce each bucket asynchronously as soon as its gradients are
     ready, and returns finish(): wait for them and leave the mean over ranks in every p.grad."""
+    judge_bucket_hooks(2, _run_bucket_hooks(fn))
+    passed("check_bucket_hooks")
+
+
+def judge_bucket_hooks(world_size: int, results: list) -> None:
+    """AssertionError naming the first mistake in `bucket_hook_cases`' results (one list per rank)."""
     numels = _bucket_numels()
-    for rank, steps in enumerate(_run_bucket_hooks(fn)):
+    for rank, steps in enumerate(results):
         for step, case in enumerate(steps):
             where, log = f"rank {rank}, step {step + 1}", case["log"]
             expect(case["finish_callable"], "return a function finish() that waits for the all-reduces")
@@ -165,4 +191,3 @@ def check_bucket_hooks(fn) -> None:
             expect(case["error"] < 1e-5,
                    f"{where}: the gradients differ from torch DDP's by {case['error']:.3g}. After waiting, divide "
                    "by dist.get_world_size() (DDP averages) and copy each slice back into its p.grad.")
-    passed("check_bucket_hooks")

@@ -54,37 +54,6 @@ def _files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-def _save_recording_replace(atomic_save, path: Path, state) -> list[tuple[Path, Path]]:
-    """atomic_save(path, state) with os.replace watched: the (src, dst) of every rename it made."""
-    real_replace, replaced = os.replace, []
-
-    def recording_replace(src, dst, *args, **kwargs):
-        replaced.append((Path(src), Path(dst)))
-        return real_replace(src, dst, *args, **kwargs)
-
-    os.replace = recording_replace
-    try:
-        atomic_save(path, state)
-    finally:
-        os.replace = real_replace
-    return replaced
-
-
-def _expect_clean_save(path: Path, state, replaced) -> None:
-    """After a save that did not crash: only the checkpoint is left, it loads back, the rename stayed in its folder."""
-    expect(path.is_file(), f"atomic_save(path, state) did not create {path.name}. Hint: write a temporary "
-           "file, then os.replace(temporary, path).")
-    expect(_files(path.parent) == ["last.pt"], f"after a successful save the folder should hold only last.pt; "
-           f"found {_files(path.parent)}. Did the temporary file get renamed onto the path?")
-    loaded = torch.load(path, weights_only=True)
-    expect(loaded["step"] == state["step"] and torch.equal(loaded["w"], state["w"]), "the saved file does not "
-           "load back as the state that was saved (torch.load(path, weights_only=True))")
-    for src, dst in replaced:
-        expect(src.parent.resolve() == dst.parent.resolve(), f"the temporary file {src} is not in the "
-               "checkpoint's folder: os.replace is only atomic (or even possible) within one file system. "
-               "Hint: tempfile.mkstemp(dir=path.parent).")
-
-
 def _crashing_save(obj, f, *args, **kwargs):
     """Stands in for torch.save: writes a few bytes to `f`, then fails as a full disk or a lost node would."""
     if isinstance(f, (str, os.PathLike)):
@@ -96,44 +65,92 @@ def _crashing_save(obj, f, *args, **kwargs):
     raise RuntimeError("simulated crash in the middle of torch.save (disk full, node lost)")
 
 
-def _save_with_crash(atomic_save, path: Path, state) -> None:
-    """atomic_save(path, state) while torch.save crashes mid-write; the crash must reach the caller."""
-    real_save = torch.save
-    torch.save = _crashing_save
+def _step_on_disk(path: Path):
     try:
-        atomic_save(path, state)
-    except RuntimeError as exc:
-        expect("simulated crash" in str(exc), f"the save failed with an unexpected error: {exc}")
-    else:
-        raise AssertionError("torch.save raised during atomic_save, but atomic_save returned normally: let "
-                             "the error propagate (after cleaning up) so the caller knows no checkpoint was written")
-    finally:
-        torch.save = real_save
-
-
-def _expect_survived_crash(path: Path, old_step: int) -> None:
-    """After the crash: the old checkpoint is still there, whole, and no temporary file is left."""
-    expect(path.is_file(), "the crash during the write destroyed the old checkpoint: never write to the "
-           "checkpoint path itself, write a temporary file and rename it over the path when complete")
-    try:
-        survivor = torch.load(path, weights_only=True)
+        return torch.load(path, weights_only=True)["step"]
     except Exception:  # noqa: BLE001 - half a file does not unpickle
-        survivor = {"step": None}
-    expect(survivor["step"] == old_step, "after a crash mid-write the checkpoint on disk is not the old one: the "
-           "new state was written in place (a reader would find half a file). Write to a temporary file first.")
-    expect(_files(path.parent) == ["last.pt"], f"after the crash the folder holds {_files(path.parent)}: remove "
-           "the temporary file when the write fails (try/except: unlink, then raise).")
+        return None
+
+
+def save_probe(atomic_save) -> dict:
+    """Run atomic_save three times in a fresh folder (a clean save, one where torch.save crashes mid-write, one
+    over an existing file with a str path) and report, as plain data, what it renamed and what was left on disk.
+    Runs where the learner's function lives (in the grading sandbox when graded), so the patches reach it."""
+    real_save, real_replace, real_rename, renames = torch.save, os.replace, os.rename, []
+
+    def recording(real):
+        def rename(src, dst, *args, **kwargs):
+            renames.append((str(Path(src).resolve().parent), str(Path(dst).resolve())))
+            return real(src, dst, *args, **kwargs)
+        return rename
+
+    report = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp).resolve() / "last.pt"
+        os.replace, os.rename = recording(real_replace), recording(real_rename)
+        try:
+            atomic_save(path, {"step": 1, "w": torch.ones(3)})
+        finally:
+            os.replace, os.rename = real_replace, real_rename
+        loaded = torch.load(path, weights_only=True) if path.is_file() else {}
+        report["clean"] = {"exists": path.is_file(), "files": _files(path.parent), "renames": renames,
+                           "path": str(path), "loads": loaded.get("step") == 1 and torch.equal(loaded.get("w"),
+                                                                                                 torch.ones(3))}
+        if not report["clean"]["exists"]:
+            return report
+        torch.save, error = _crashing_save, None
+        try:
+            atomic_save(path, {"step": 2, "w": torch.zeros(3)})
+        except Exception as exc:  # noqa: BLE001 - which error reached the caller is the answer
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            torch.save = real_save
+        report["crash"] = {"error": error, "exists": path.is_file(), "step": _step_on_disk(path),
+                           "files": _files(path.parent)}
+        atomic_save(str(path), {"step": 3, "w": torch.full((3,), 3.0)})
+        report["again"] = {"step": _step_on_disk(path)}
+    return report
+
+
+def judge_atomic_save(report: dict) -> None:
+    """AssertionError naming the first mistake in `save_probe`'s report."""
+    clean = report["clean"]
+    expect(clean["exists"], "atomic_save(path, state) did not create last.pt. Hint: write a temporary file, then "
+           "os.replace(temporary, path).")
+    expect(clean["files"] == ["last.pt"], f"after a successful save the folder should hold only last.pt; found "
+           f"{clean['files']}. Did the temporary file get renamed onto the path?")
+    expect(clean["loads"], "the saved file does not load back as the state that was saved "
+           "(torch.load(path, weights_only=True))")
+    for src_folder, dst in clean["renames"]:
+        expect(src_folder == str(Path(dst).parent), f"the temporary file was in {src_folder}, not in the "
+               "checkpoint's folder: os.replace is only atomic (or even possible) within one file system. "
+               "Hint: tempfile.mkstemp(dir=path.parent).")
+    expect(any(dst == clean["path"] for _, dst in clean["renames"]),
+           "the checkpoint never arrived by a rename (os.replace(temporary, path)): copying or writing the bytes "
+           "onto the path is not atomic, a crash in the middle leaves half a file.")
+    crash = report["crash"]
+    expect(crash["error"] is not None, "torch.save raised during atomic_save, but atomic_save returned normally: "
+           "let the error propagate (after cleaning up) so the caller knows no checkpoint was written")
+    expect("simulated crash" in crash["error"], f"the save failed with an unexpected error: {crash['error']}")
+    expect(crash["exists"], "the crash during the write destroyed the old checkpoint: never write to the "
+           "checkpoint path itself, write a temporary file and rename it over the path when complete")
+    expect(crash["step"] == 1, "after a crash mid-write the checkpoint on disk is not the old one: the new state "
+           "was written in place (a reader would find half a file). Write to a temporary file first.")
+    expect(crash["files"] == ["last.pt"], f"after the crash the folder holds {crash['files']}: remove the "
+           "temporary file when the write fails (try/except: unlink, then raise).")
+    expect(report["again"]["step"] == 3, "saving over an existing checkpoint (path given as a str) did not "
+           "replace it")
+
+
+def probe_atomic_save(atomic_save) -> dict:
+    """`save_probe` where atomic_save lives: here, or in the grading sandbox (whose files the grader cannot see)."""
+    from ..grading.remote import is_remote
+    if is_remote(atomic_save):
+        return atomic_save._sandbox.library("course_lib.checks.nb08:save_probe", atomic_save)
+    return save_probe(atomic_save)
 
 
 def check_atomic_save(atomic_save) -> None:
     """atomic_save(path, state): a crash during the write leaves the old checkpoint and no temp file."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "last.pt"
-        old = {"step": 1, "w": torch.ones(3)}
-        _expect_clean_save(path, old, _save_recording_replace(atomic_save, path, old))
-        _save_with_crash(atomic_save, path, {"step": 2, "w": torch.zeros(3)})
-        _expect_survived_crash(path, old_step=1)
-        atomic_save(str(path), {"step": 3, "w": torch.full((3,), 3.0)})
-        expect(torch.load(path, weights_only=True)["step"] == 3, "saving over an existing checkpoint (path "
-               "given as a str) did not replace it")
+    judge_atomic_save(probe_atomic_save(atomic_save))
     passed("atomic_save")

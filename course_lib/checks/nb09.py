@@ -117,6 +117,15 @@ def check_row_parallel_linear(row_parallel_linear) -> None:
         partials, y = row_parallel_linear(x.clone(), w.clone(), b.clone(), world)
         expect(len(partials) == world, f"world_size={world}: expected {world} partial sums (one per rank); "
                f"got {len(partials)}")
+        y = torch.as_tensor(y)
+        product = F.linear(x, w)
+        for wrong, what in [(product + world * b, f"the bias was added on every rank ({world} times): add it ONCE, "
+                             "after the all-reduce (or on one rank only)"),
+                            (product / world + b, "the partials were averaged: the all-reduce must SUM them (each "
+                             "holds a share of the dot products, not an estimate of the whole)"),
+                            (product + b / world, "the bias was divided by world_size: add it once, whole")]:
+            expect(world == 1 or y.shape != wrong.shape or not torch.allclose(y, wrong, atol=1e-5),
+                   f"world_size={world}: {what}.")
         expect_close(y, F.linear(x, w, b), f"world_size={world}: y vs F.linear(x, weight, bias)", atol=1e-5,
                      hint="y = (sum of the partials, what all-reduce computes) + bias, with the bias added ONCE: "
                           "adding it on every rank counts it world_size times.")

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from . import expect, expect_close, passed
+from . import expect, passed
 
 RANGE_CASES = [(10, 4), (12, 4), (5, 4), (7, 2), (1, 3), (9, 1), (1000, 7)]
 
@@ -45,9 +45,11 @@ def check_sharded_sgd(ShardedSGD) -> None:
 
     It must keep `replicas` (each rank's full copy of the parameters) and `buffers` (each rank's momentum
     buffer, for its own shard only); `step(grad)` must leave every replica equal to torch.optim.SGD's result.
+    Judged by the parameters and the buffers' sizes, not by what a buffer holds: a buffer kept with the learning
+    rate folded in (v = m*v + lr*g; p -= v) is the same optimizer while lr is constant.
     """
     lr, momentum = 0.1, 0.9
-    for n, world in [(11, 4), (5, 4), (8, 2), (6, 1)]:
+    for n, world in [(11, 4), (5, 4), (7, 3), (8, 2), (6, 1)]:
         g = torch.Generator().manual_seed(n * 10 + world)
         start = torch.randn(n, generator=g)
         ref = start.clone().requires_grad_(True)
@@ -59,7 +61,7 @@ def check_sharded_sgd(ShardedSGD) -> None:
         expect(len({r.data_ptr() for r in opt.replicas}) == world,
                "the replicas share memory: each simulated rank must hold its OWN copy (param.clone()), as separate "
                "processes would; otherwise the all-gather is never exercised.")
-        for step in range(4):
+        for step in range(5):
             grad = torch.randn(n, generator=g)
             ref.grad = grad.clone()
             sgd.step()
@@ -86,10 +88,6 @@ def check_sharded_sgd(ShardedSGD) -> None:
                f"n={n}, world_size={world}: momentum buffers of {sizes} elements. Under ZeRO-1 a rank keeps "
                f"optimizer state for its own shard only (at most ceil(n/N) = {math.ceil(n / world)} values); "
                "a full-size buffer on every rank is DDP's memory, not ZeRO's.")
-        momentum_buffer = torch.cat([b.reshape(-1) for b in opt.buffers])[:n]
-        expect_close(momentum_buffer, sgd.state[ref]["momentum_buffer"], f"n={n}, world_size={world}: the momentum "
-                     "buffers, concatenated in rank order", atol=1e-5,
-                     hint="Hint: buffer r holds the momentum of exactly the elements rank r owns, in order.")
     passed("ShardedSGD")
 
 

@@ -41,9 +41,16 @@ def check_unscale_and_check(unscale_and_check) -> None:
         if found_inf:
             continue                                   # the step is skipped: the values do not matter
         for i, (a, e) in enumerate(zip(out, expected)):
-            if torch.allclose(torch.as_tensor(a).double(), grads[i].double()):
+            a, g = torch.as_tensor(a).double(), grads[i].double()
+            if torch.allclose(a, g):
                 raise AssertionError(f"scale={scale}: gradient {i} is still scaled. Divide by the scale before "
                                      "the optimizer step, or the step is `scale` times too large.")
+            if torch.allclose(a, g * scale, rtol=1e-6):
+                raise AssertionError(f"scale={scale}: gradient {i} was multiplied by the scale; unscaling DIVIDES "
+                                     "by it (the loss was multiplied before backward).")
+            if torch.allclose(a, g / scale**2, rtol=1e-6):
+                raise AssertionError(f"scale={scale}: gradient {i} was divided by the scale twice (unscaled twice, "
+                                     "e.g. in place and again in the return value): divide exactly once.")
             expect_close(a, e, f"scale={scale}: unscaled gradient {i}", atol=0, rtol=1e-6,
                          hint="Hint: unscaled = grad / scale (GradScaler multiplies by 1/scale).")
     passed("unscale_and_check")
@@ -79,10 +86,24 @@ def check_scale_schedule(scale_schedule) -> None:
                "Hint: record the scale a step *uses*, then update it.")
         if scales != want_scales:
             first = next(i for i, (a, b) in enumerate(zip(scales, want_scales)) if a != b)
-            raise AssertionError(
-                f"{where}: scales {scales}, GradScaler uses {want_scales} (first difference at step {first}). "
-                "Hints: on inf multiply by backoff_factor AND reset the count of good steps; grow only after "
-                "growth_interval good steps in a row (then reset the count), not on every step.")
+            good, since_inf = 0, False          # good steps in a row before step `first`, by GradScaler's rule
+            for inf in flags[:first]:
+                good = 0 if inf else (0 if good + 1 == full["growth_interval"] else good + 1)
+                since_inf = bool(inf) or (since_inf and good > 0)
+            prev = want_scales[first - 1] if first else full["init_scale"]
+            if flags[first - 1] if first else False:
+                why = (f"step {first - 1} overflowed: the scale must become {prev} x backoff_factor = "
+                       f"{prev * full['backoff_factor']} and the count of good steps restart from 0.")
+            elif scales[first] > want_scales[first]:
+                why = (f"the scale grew too early: {good + 1} good step(s) in a row (counting since the last inf "
+                       f"or growth){' - an inf step must reset the count' if since_inf else ''}; GradScaler grows "
+                       f"after growth_interval={full['growth_interval']}.")
+            else:
+                why = (f"the scale should have grown after growth_interval={full['growth_interval']} good steps in "
+                       "a row (count from 0 after each inf and each growth, grow when the count reaches the "
+                       "interval).")
+            raise AssertionError(f"{where}: scales {scales}, GradScaler uses {want_scales}; first difference at "
+                                 f"step {first}: {why}")
     passed("scale_schedule")
 
 
