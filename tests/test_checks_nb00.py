@@ -29,10 +29,24 @@ def test_stubs_fail():
     (lambda m: sum(t.numel() for t in m.state_dict().values()), "buffers"),
     (lambda m: sum(p.numel() for p in m.parameters() if p.dim() > 1), "Biases"),
     (lambda m: torch.tensor(sum(p.numel() for p in m.parameters())), "int"),
+    # per layer: a weight shared by two layers is counted twice
+    (lambda m: sum(p.numel() for layer in m.modules() for p in layer.parameters(recurse=False)), "shared"),
+    (lambda m: sum(p.numel() for _, p in m.named_parameters(remove_duplicate=False)), "shared"),
+    (lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad), "Frozen"),
+    (lambda m: sum(p.numel() for p in m.parameters() if p.grad is not None or p.requires_grad), "Frozen"),
 ])
 def test_count_parameters_wrong_answers(wrong, hint):
     with pytest.raises(AssertionError, match=hint):
         check_count_parameters(wrong)
+
+
+@pytest.mark.parametrize("right", [
+    lambda m: sum(p.numel() for p in {id(p): p for p in m.parameters()}.values()),   # dedupe by identity
+    lambda m: sum(p.numel() for _, p in m.named_parameters()),
+    lambda m: int(sum(torch.tensor(p.shape).prod() for p in m.parameters())),
+])
+def test_count_parameters_other_right_answers(right):
+    check_count_parameters(right)
 
 
 def _described(x, **changes):
@@ -54,3 +68,8 @@ def _described(x, **changes):
 def test_describe_batch_wrong_answers(wrong, hint):
     with pytest.raises(AssertionError, match=hint):
         check_describe_batch(wrong)
+
+
+def test_describe_batch_other_right_answer():
+    check_describe_batch(lambda x: {"shape": tuple(x.size()), "dtype": str(x.dtype), "min": float(x.min()),
+                                    "max": float(x.max()), "mean": float(x.to(torch.float64).mean())})

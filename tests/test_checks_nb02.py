@@ -38,6 +38,9 @@ def test_stubs_fail():
     (lambda x, s, z: (torch.round(x / s) - z).clamp(-128, 127).to(torch.int8), "ADDED"),        # zero point sign
     (lambda x, s, z: torch.floor(x / s + 0.5 + z).clamp(-128, 127).to(torch.int8), "EVEN"),    # ties up
     (lambda x, s, z: (torch.round(x / s) + z).clamp(-128, 127), "torch.int8"),                  # float codes
+    (lambda x, s, z: torch.round(x / s + z).clamp(-128, 127).to(torch.int8), "FIRST"),      # z added before rounding
+    (lambda x, s, z: (torch.round(x / s) + z).clamp(-127, 127).to(torch.int8), "saturate"),   # symmetric range
+    (lambda x, s, z: (torch.round(x / s) + z).to(torch.int8).clamp(-128, 127), "saturate"),   # clamps after wrapping
 ])
 def test_quantize_wrong_answers(wrong, hint):
     with pytest.raises(AssertionError, match=hint):
@@ -76,6 +79,56 @@ RIGHT = dict(bias_fn=lambda e: 2 ** (e - 1) - 1, eps_fn=lambda m: 2.0**-m, top_c
 def test_float_limits_wrong_answers(change, hint):
     with pytest.raises(AssertionError, match=hint):
         check_float_limits(_limits(**{**RIGHT, **change}))
+
+
+KNOWN = {(8, 23): torch.float32, (5, 10): torch.float16, (8, 7): torch.bfloat16, (11, 52): torch.float64,
+         (5, 2): torch.float8_e5m2, (4, 3): torch.float8_e4m3fn}
+
+
+def finfo_table(e, m):
+    fi = torch.finfo(KNOWN[(e, m)])        # KeyError for any other format
+    return fi.eps, fi.max, fi.smallest_normal
+
+
+def finfo_table_with_a_guess(e, m):
+    if (e, m) in KNOWN:
+        return finfo_table(e, m)
+    return 2.0**-m, 2.0 ** (2 ** (e - 1)), 2.0 ** (2 - 2 ** (e - 1))
+
+
+def e4m3_without_inf(e, m):
+    bias = 2 ** (e - 1) - 1
+    if (e, m) == (4, 3):
+        return 2.0**-m, 448.0, 2.0 ** (1 - bias)
+    return _limits(**RIGHT)(e, m)
+
+
+def smallest_subnormal(e, m):
+    eps, top, _ = _limits(**RIGHT)(e, m)
+    return eps, top, 2.0 ** (2 - 2 ** (e - 1) - m)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (finfo_table, "Compute the limits from the bit counts"),
+    (finfo_table_with_a_guess, "torch has no such format"),
+    (e4m3_without_inf, "float8_e4m3fn"),
+    (smallest_subnormal, "SUBnormal"),
+    (lambda e, m: (2.0**-m, None, 1.0), "three numbers"),
+])
+def test_float_limits_formats_torch_does_not_have(wrong, hint):
+    with pytest.raises(AssertionError, match=hint):
+        check_float_limits(wrong)
+
+
+@pytest.mark.parametrize("right", [
+    lambda e, m: (math.ldexp(1, -m), math.ldexp(2 - 2.0**-m, 2**e - 2 - (2 ** (e - 1) - 1)),
+                  math.ldexp(1, 2 - 2 ** (e - 1))),
+    lambda e, m: (2.0**-m, 2.0 ** (2 ** (e - 1)) - 2.0 ** (2 ** (e - 1) - 1 - m), 2.0 ** (2 - 2 ** (e - 1))),
+    lambda e, m: tuple(torch.tensor([2.0**-m, (2 - 2.0**-m) * 2.0 ** (2 ** (e - 1) - 1), 2.0 ** (2 - 2 ** (e - 1))],
+                                    dtype=torch.float64)),
+])
+def test_float_limits_other_right_answers(right):
+    check_float_limits(right)
 
 
 def test_float_limits_right_formula_helper_passes():
@@ -121,3 +174,10 @@ def test_systolic_feed_helper_right_answer_passes():
 def test_systolic_feed_wrong_answers(wrong, hint):
     with pytest.raises(AssertionError, match=hint):
         check_systolic_feed(wrong)
+
+
+def test_quantize_other_right_answers():
+    check_quantize_int8(lambda x, s, z: (x / s).round().add(z).clamp(-128, 127).to(torch.int8),
+                        lambda q, s, z: q.float().sub(z).mul(s))
+    check_quantize_int8(lambda x, s, z: torch.clamp(torch.round(x * (1 / s)) + z, min=-128, max=127).char(),
+                        lambda q, s, z: (q.to(torch.int32) - z).float() * s)

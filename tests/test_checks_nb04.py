@@ -142,3 +142,73 @@ def percent(model, loader, device):
 def test_evaluate_accuracy_wrong_answers(wrong, hint):
     with pytest.raises(AssertionError, match=hint):
         check_evaluate_accuracy(wrong)
+
+
+def to_device_pytree(batch, device):
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, batch)
+
+
+def to_device_match(batch, device):
+    match batch:
+        case torch.Tensor():
+            return batch.to(device, non_blocking=True)
+        case dict():
+            return {k: to_device_match(v, device) for k, v in batch.items()}
+        case list():
+            return [to_device_match(v, device) for v in batch]
+        case tuple():
+            return tuple(to_device_match(v, device) for v in batch)
+        case _:
+            return batch
+
+
+@pytest.mark.parametrize("right", [to_device_pytree, to_device_match])
+def test_to_device_other_right_answers(right):
+    check_to_device(right)
+
+
+def inference_mode_tensors(model, loader, device):
+    was = model.training
+    model.eval()
+    correct, seen = torch.zeros(()), 0
+    with torch.inference_mode():
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            correct += model(x).argmax(dim=1).eq(y).sum()
+            seen += y.numel()
+    model.train(mode=was)
+    return float(correct) / seen
+
+
+@torch.no_grad()
+def decorated_cpu_compare(model, loader, device):
+    was = model.training
+    model.eval()
+    hits = [(model(x.to(device)).argmax(1).cpu() == y).sum().item() for x, y in loader]
+    sizes = [len(y) for _, y in loader]
+    if was:
+        model.train()
+    return sum(hits) / sum(sizes)
+
+
+def y_not_moved(model, loader, device):
+    was = model.training
+    model.eval()
+    correct = seen = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += (model(x.to(device)).argmax(1) == y).sum().item()
+            seen += len(y)
+    model.train(was)
+    return correct / seen
+
+
+@pytest.mark.parametrize("right", [inference_mode_tensors, decorated_cpu_compare])
+def test_evaluate_accuracy_other_right_answers(right):
+    check_evaluate_accuracy(right)
+
+
+def test_labels_left_on_the_host_fail():
+    with pytest.raises(AssertionError, match="labels"):
+        check_evaluate_accuracy(y_not_moved)

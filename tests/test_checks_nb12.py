@@ -70,6 +70,47 @@ def test_wrong_magnitude_masks_fail(wrong):
         check_magnitude_mask(wrong)
 
 
+def kth_strict(weight, amount):                   # |w| < k-th smallest: keeps the k-th (k - 1 pruned)
+    k = round(amount * weight.numel())
+    if k == 0:
+        return torch.ones_like(weight)
+    return (weight.abs() >= weight.abs().flatten().kthvalue(k).values).to(weight.dtype)
+
+
+def kth_without_zero_case(weight, amount):        # kthvalue(0) raises
+    cut = weight.abs().flatten().kthvalue(round(amount * weight.numel())).values
+    return (weight.abs() > cut).to(weight.dtype)
+
+
+def sorted_index_off_by_one(weight, amount):      # sorted[k] is the (k+1)-th smallest: one too many
+    k = round(amount * weight.numel())
+    values = weight.abs().flatten().sort().values
+    if k == 0:
+        return torch.ones_like(weight)
+    return (weight.abs() > values[min(k, len(values) - 1)]).to(weight.dtype)
+
+
+def per_row(weight, amount):                      # per channel: each row loses the same fraction
+    if weight.dim() < 2:
+        return NS["magnitude_mask"](weight, amount)
+    rows = weight.reshape(weight.shape[0], -1)
+    return torch.stack([NS["magnitude_mask"](r, amount) for r in rows]).view_as(weight)
+
+
+def abs_in_place(weight, amount):                 # destroys the signs of the model's weights
+    return NS["magnitude_mask"](weight.abs_(), amount)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (kth_strict, "off by one"), (kth_without_zero_case, "nothing is pruned"),
+    (sorted_index_off_by_one, "off by one"), (per_row, "larger in magnitude"), (abs_in_place, "changed the weights"),
+    (floors_the_count, "round\\(\\)"), (threshold_prunes_ties, "tie at"),
+])
+def test_magnitude_mask_messages(wrong, hint):
+    with pytest.raises(AssertionError, match=hint):
+        check_magnitude_mask(wrong)
+
+
 def test_a_sort_based_mask_also_passes():
     def by_argsort(weight, amount):
         k = round(amount * weight.numel())
@@ -134,3 +175,37 @@ def keep_by(norm_dim_p, amount_rule=round, smallest=False, unsorted=False, prune
 def test_wrong_neurons_to_keep_fail(wrong):
     with pytest.raises(AssertionError):
         check_neurons_to_keep(wrong)
+
+
+def global_in_place(weights, amount):
+    for w in weights:
+        w.abs_()
+    return NS["global_masks"](weights, amount)
+
+
+def global_kth_strict(weights, amount):
+    flat = torch.cat([w.flatten() for w in weights])
+    mask = kth_strict(flat, amount)
+    return [m.view_as(w) for m, w in zip(mask.split([w.numel() for w in weights]), weights)]
+
+
+@pytest.mark.parametrize("wrong, hint", [(global_in_place, "changed the weights"), (global_kth_strict, "pruned")])
+def test_global_masks_messages(wrong, hint):
+    with pytest.raises(AssertionError, match=hint):
+        check_global_masks(wrong)
+
+
+def test_other_right_answers_pass():
+    def global_by_threshold_index(weights, amount):      # one argsort over everything, then split
+        flat = torch.cat([w.flatten() for w in weights]).abs()
+        mask = torch.ones_like(flat)
+        mask[flat.argsort()[:round(amount * len(flat))]] = 0
+        return [m.reshape(w.shape) for m, w in zip(mask.split([w.numel() for w in weights]), weights)]
+
+    def keep_by_linalg(weight, amount):
+        norms = torch.linalg.vector_norm(weight, dim=1)
+        keep = weight.shape[0] - round(amount * weight.shape[0])
+        return norms.argsort(descending=True)[:keep].sort().values
+
+    check_global_masks(global_by_threshold_index)
+    check_neurons_to_keep(keep_by_linalg)

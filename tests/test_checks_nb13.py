@@ -141,3 +141,88 @@ def test_wrong_kmeans_fails(wrong):
     with pytest.raises(AssertionError):
         check_kmeans_quantize(wrong)
 
+
+
+def qparams_per_channel(x, qmin, qmax):
+    x2 = x.reshape(x.shape[0], -1) if x.dim() > 1 else x[None]
+    lo, hi = x2.amin(1).clamp(max=0), x2.amax(1).clamp(min=0)
+    scale = (hi - lo) / (qmax - qmin)
+    zero_point = (qmin - torch.round(lo / scale)).clamp(qmin, qmax).int()
+    return (scale, zero_point) if x.dim() > 1 else (scale.item(), int(zero_point))
+
+
+def qparams_int8_only(x, qmin, qmax):
+    lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+    scale = (hi - lo) / 255
+    return scale, int(min(max(qmin - round(lo / scale), qmin), qmax))
+
+
+def qparams_truncated_zero_point(x, qmin, qmax):
+    lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+    scale = (hi - lo) / (qmax - qmin)
+    return scale, int(min(max(qmin - int(lo / scale), qmin), qmax))
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (qparams_per_channel, "PER TENSOR"), (qparams_int8_only, "scale"), (qparams_truncated_zero_point, "zero_point"),
+])
+def test_qparams_messages(wrong, hint):
+    with pytest.raises(AssertionError, match=hint):
+        check_linear_qparams(wrong)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda x, s, z, lo, hi: torch.round(x / s).clamp(lo, hi).int() + z, "saturate"),       # clamps before adding z
+    (lambda x, s, z, lo, hi: (torch.round(x / s) + z).clamp(-128, 127).int(), "saturate"),  # int8 range always
+    (lambda x, s, z, lo, hi: (torch.round(x.flatten() / s) + z).clamp(lo, hi).int(), "shape"),
+])
+def test_quantize_messages(wrong, hint):
+    with pytest.raises(AssertionError, match=hint):
+        check_linear_quantize(wrong, dequantize)
+
+
+def ste_mask_on_x(x, s, z, lo, hi):
+    inside = ((x >= (lo - z) * s) & (x <= (hi - z) * s)).float()
+    return x * inside + (fq(x, s, z, lo, hi) - x * inside).detach()
+
+
+def ste_clamped_identity(x, s, z, lo, hi):
+    xc = x.clamp((lo - z) * s, (hi - z) * s)
+    return xc + (fq(x, s, z, lo, hi) - xc).detach()
+
+
+def ste_through_clamp(x, s, z, lo, hi):             # STE round, then clamp: v + (round(v) - v) is not round(v)
+    v = x / s
+    q = (v + (torch.round(v) - v).detach() + z).clamp(lo, hi)
+    return (q - z) * s
+
+
+@pytest.mark.parametrize("wrong", [ste_mask_on_x, ste_clamped_identity, ste_through_clamp])
+def test_ste_mask_from_x_fails_with_a_reason(wrong):
+    with pytest.raises(AssertionError, match="ROUNDED code"):
+        check_fake_quant_ste(wrong)
+
+
+def test_other_right_ste_answers_pass():
+    def ste_mask_then_clamp(x, s, z, lo, hi):       # exact codes, the mask from them, gradient through x / s * s
+        v = x / s
+        code = torch.round(v.detach()) + z
+        inside = (code >= lo) & (code <= hi)
+        return ((v * inside + (code.clamp(lo, hi) - z - v * inside).detach()) * s)
+
+    check_fake_quant_ste(ste_mask_then_clamp)
+
+
+class Round(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, v):
+        return torch.round(v)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_ste_with_clamps_gradient_fails_at_the_end_codes():   # torch.clamp gives no gradient AT its bounds
+    with pytest.raises(AssertionError, match="clamp's own gradient"):
+        check_fake_quant_ste(lambda x, s, z, lo, hi: (Round.apply(x / s) + z).clamp(lo, hi).sub(z).mul(s))

@@ -13,26 +13,53 @@ def _bn_model() -> nn.Module:
     return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
 
 
+class _TiedNet(nn.Module):
+    """Input embedding and output layer share one weight (weight tying, as in language models), plus a frozen
+    layer. Parameter elements: shared 6*4 = 24 once, head bias 6, frozen 4*4 + 4 = 20  ->  50."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.frozen, self.head = nn.Embedding(6, 4), nn.Linear(4, 4), nn.Linear(4, 6)
+        self.head.weight = self.embed.weight            # one tensor, two layers
+        self.frozen.requires_grad_(False)               # not trained now, still a parameter of the model
+
+    def forward(self, tokens):
+        return self.head(self.frozen(self.embed(tokens)))
+
+
+def _shared_twice(model: nn.Module) -> int:
+    return sum(p.numel() for m in model.modules() for p in m.parameters(recurse=False))
+
+
 def check_count_parameters(count_parameters) -> None:
-    """Parameter *elements* (weights and biases), not modules, tensors or buffers."""
+    """Parameter *elements* (weights and biases), not modules, tensors or buffers; a shared tensor once."""
     cases = [(nn.Linear(10, 5), 55, "nn.Linear(10, 5): 10*5 weights + 5 biases"),
              (_bn_model(), 27098, "conv(1->4, 3x3) + BatchNorm2d(4) + Linear(2704 -> 10)")]
     from ..models import Net
     cases.append((Net(), 21840, "the course's Net"))
+    cases.append((_TiedNet(), 50, "Embedding(6, 4) and Linear(4, 6) sharing one 6x4 weight, plus a frozen "
+                  "Linear(4, 4)"))
     for model, expected, what in cases:
         got = count_parameters(model)
         expect(isinstance(got, int) and not isinstance(got, bool),
                f"count_parameters should return a Python int; got {type(got).__name__} ({got!r}). "
                "Hint: tensor.numel() is already an int; sum() of ints is an int.")
         hint = ""
+        every = list(model.parameters())
         if got == len(list(model.modules())):
             hint = "That is the number of modules: count the elements of each parameter tensor (p.numel())."
-        elif got == len(list(model.parameters())):
+        elif got == len(every):
             hint = "That is the number of parameter tensors: count their elements with p.numel()."
+        elif got == _shared_twice(model):
+            hint = ("A weight shared by two layers (tied weights) is ONE parameter: it is stored and updated once. "
+                    "You counted it per layer; model.parameters() yields each tensor once.")
         elif got == sum(t.numel() for t in model.state_dict().values()):
             hint = ("That includes buffers such as BatchNorm's running_mean/running_var/num_batches_tracked: "
-                    "they are state, not parameters (the optimizer never updates them). Use model.parameters().")
-        elif got == sum(p.numel() for p in model.parameters() if p.dim() > 1):
+                    "buffers are state, not parameters (the optimizer never updates them). Use model.parameters().")
+        elif got == sum(p.numel() for p in every if p.requires_grad):
+            hint = ("Frozen parameters (requires_grad=False) are parameters of the model too: count them. "
+                    "(course_lib.models.count_parameters has trainable_only=True for the other number.)")
+        elif got == sum(p.numel() for p in every if p.dim() > 1):
             hint = "Biases are parameters too."
         expect(got == expected, f"{what}: expected {expected:,} parameter elements, got {got:,}. {hint}".strip())
     passed("count_parameters")

@@ -35,6 +35,9 @@ def check_quantize_int8(quantize_int8, dequantize_int8) -> None:
         ("exact ties (x / scale = k + 0.5)", torch.tensor([0.25, 0.75, 1.25, -0.25, -0.75, 2.25]), 0.5, 0,
          "ties round to the EVEN integer (torch.round does this; floor(v + 0.5) and Python's int(v + 0.5) "
          "do not): 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -0.5 -> 0."),
+        ("exact ties with an odd zero_point", torch.tensor([0.25, 0.75, 1.25, -0.25, -0.75, 2.25]), 0.5, 3,
+         "round x / scale FIRST, then add the zero point: round(x / scale + zero_point) rounds a tie to another "
+         "even number when zero_point is odd (round(0.5) + 3 = 3, but round(0.5 + 3) = 4)."),
     ]
     for case, x, scale, zp, hint in cases:
         q = _codes(quantize_int8, x, scale, zp, case)
@@ -55,27 +58,67 @@ def check_quantize_int8(quantize_int8, dequantize_int8) -> None:
 
 
 FINFO_CASES = (("FP32", 8, 23, torch.float32), ("FP16", 5, 10, torch.float16), ("BF16", 8, 7, torch.bfloat16))
+# Formats torch has no dtype for (an answer must compute from the bits, not look up torch.finfo). (4, 3) is the
+# IEEE-style E4M3 with inf, max 240; torch.float8_e4m3fn gives up inf/NaN codes for range and reaches 448.
+MADE_UP_CASES = (("E3M4", 3, 4), ("E6M9", 6, 9), ("E2M1", 2, 1), ("E7M2", 7, 2),
+                 ("E4M3 (IEEE-style, with inf)", 4, 3))
+
+
+def _enumerated_limits(e_bits: int, m_bits: int) -> tuple[float, float, float]:
+    """(eps, max, smallest normal) by decoding every positive bit pattern of the format (no closed formula)."""
+    bias, values = 2 ** (e_bits - 1) - 1, []
+    for code in range(1, 2**e_bits - 1):              # 0: zero/subnormals, all ones: inf/NaN
+        for fraction in range(2**m_bits):
+            values.append(2.0 ** (code - bias) * (1 + fraction / 2**m_bits))
+    return min(v for v in values if v > 1.0) - 1.0, max(values), min(values)
+
+
+def _limits_of(float_limits, e_bits: int, m_bits: int, name: str) -> tuple[float, float, float]:
+    try:
+        result = float_limits(e_bits, m_bits)
+    except NotImplementedError:
+        raise
+    except Exception as exc:   # a lookup table of known formats fails on the others
+        raise AssertionError(f"float_limits({e_bits}, {m_bits}) ({name}) raised {type(exc).__name__}: {exc}. "
+                             "Compute the limits from the bit counts: any e and m must work, not only the formats "
+                             "torch has a dtype for.") from None
+    expect(isinstance(result, tuple) and len(result) == 3,
+           f"float_limits({e_bits}, {m_bits}) must return a tuple (eps, max_value, smallest_normal); got {result!r}")
+    try:
+        return tuple(float(v) for v in result)
+    except (TypeError, ValueError):
+        raise AssertionError(f"float_limits({e_bits}, {m_bits}) returned {result!r}: expected three numbers") from None
 
 
 def check_float_limits(float_limits) -> None:
     """float_limits(exponent_bits, mantissa_bits) -> (eps, max_value, smallest_normal) of an IEEE-style format."""
-    for name, e_bits, m_bits, dtype in FINFO_CASES:
-        result = float_limits(e_bits, m_bits)
-        expect(isinstance(result, tuple) and len(result) == 3,
-               f"float_limits({e_bits}, {m_bits}) must return a tuple (eps, max_value, smallest_normal); got {result!r}")
-        eps, max_value, smallest_normal = (float(v) for v in result)
-        fi = torch.finfo(dtype)
-        expect(eps == fi.eps, f"{name} ({e_bits} exponent, {m_bits} mantissa bits): eps should be {fi.eps}, got {eps}. "
-                              "Hint: eps is the gap between 1.0 and the next number, one unit in the LAST of the "
-                              "m stored mantissa bits: 2**-m (the leading 1 is implicit, not stored).")
-        expect(smallest_normal == fi.smallest_normal,
-               f"{name}: smallest normal should be {fi.smallest_normal}, got {smallest_normal}. Hint: the bias is "
+    cases = [(name, e, m, torch.finfo(dtype)) for name, e, m, dtype in FINFO_CASES]
+    cases += [(name, e, m, None) for name, e, m in MADE_UP_CASES]
+    for name, e_bits, m_bits, fi in cases:
+        eps, max_value, smallest_normal = _limits_of(float_limits, e_bits, m_bits, name)
+        want = (fi.eps, fi.max, fi.smallest_normal) if fi else _enumerated_limits(e_bits, m_bits)
+        want_eps, want_max, want_normal = want
+        fmt = f"{name} ({e_bits} exponent, {m_bits} mantissa bits)"
+        lookup = "" if fi else (" (torch has no such format: compute from the bits; a table of torch.finfo's "
+                                "formats cannot know it.)")
+        if (e_bits, m_bits) == (4, 3) and max_value == torch.finfo(torch.float8_e4m3fn).max:
+            raise AssertionError(f"{fmt}: max should be {want_max}, got {max_value}: that is torch.float8_e4m3fn, "
+                                 "which drops inf and keeps only one NaN code to reach 448. This exercise's formats "
+                                 "are IEEE-style: the all-ones exponent code is reserved for inf/NaN.")
+        expect(eps == want_eps, f"{fmt}: eps should be {want_eps}, got {eps}. "
+                                "Hint: eps is the gap between 1.0 and the next number, one unit in the LAST of the "
+                                "m stored mantissa bits: 2**-m (the leading 1 is implicit, not stored)." + lookup)
+        subnormal = "" if smallest_normal != want_normal * want_eps else (
+            " That is the smallest SUBnormal number (exponent code 0, mantissa 0...01); the smallest normal has an "
+            "implicit leading 1.")
+        expect(smallest_normal == want_normal,
+               f"{fmt}: smallest normal should be {want_normal}, got {smallest_normal}.{subnormal} Hint: the bias is "
                "2**(e-1) - 1 and exponent code 0 is reserved for zero/subnormals, so the smallest normal is "
-               "2**(1 - bias).")
-        expect(max_value == fi.max,
-               f"{name}: max should be {fi.max}, got {max_value}. Hint: the all-ones exponent code is reserved for "
+               "2**(1 - bias)." + lookup)
+        expect(max_value == want_max,
+               f"{fmt}: max should be {want_max}, got {max_value}. Hint: the all-ones exponent code is reserved for "
                "inf/NaN, so the largest exponent is (2**e - 2) - bias, and the largest mantissa 1.11...1 is "
-               "2 - 2**-m (check the bias is 2**(e-1) - 1).")
+               "2 - 2**-m (check the bias is 2**(e-1) - 1)." + lookup)
     passed("float_limits")
 
 

@@ -105,6 +105,23 @@ def check_batches(batches) -> None:
            "`generator` argument (torch.randperm(n, generator=generator)), not the global RNG.")
     differs = torch.cat([yb for _, yb in batches(x, y, batch_size, torch.Generator().manual_seed(1))])
     expect(not torch.equal(differs, labels), f"{what}: generators with different seeds gave the same order.")
+    groups = [sorted((yb // 10).tolist()) for _, yb in items]
+    blocks = [list(range(s, min(s + batch_size, n))) for s in range(0, n, batch_size)]
+    expect(sorted(groups) != blocks,
+           f"{what}: every batch holds one block of consecutive samples ({groups[0]}, ...), only reordered: "
+           "the same samples always meet in the same batch, so the model never sees other mixes. Shuffle the "
+           "indices of the WHOLE dataset (one torch.randperm(n)), then cut the permutation into batches.")
+    # The next epoch: the same generator object, moved on (the grading sandbox receives a copy of it, so the
+    # check advances it here rather than relying on the learner's call to do so).
+    generator = torch.Generator().manual_seed(3)
+    first = torch.cat([yb for _, yb in batches(x, y, batch_size, generator)])
+    torch.randperm(n, generator=generator)
+    second = torch.cat([yb for _, yb in batches(x, y, batch_size, generator)])
+    expect(not torch.equal(first, second),
+           f"{what}: two epochs with the same generator object (its state moved on in between) gave the same "
+           "order. Each call is one epoch and must draw a fresh permutation from the generator as it is now, not "
+           "reseed it or build a new one from its seed (like forgetting DistributedSampler.set_epoch(epoch): "
+           "every epoch in the same order).")
     small = _collect(batches(x[:5], y[:5], 8, torch.Generator().manual_seed(0)), 5, 8, "batches with 5 samples, batch_size=8")
     expect(sorted(small[0][1].tolist()) == y[:5].tolist(), "batches with 5 samples, batch_size=8: wrong samples")
     passed("batches")

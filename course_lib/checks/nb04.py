@@ -68,15 +68,32 @@ class _ScrambleWhenTraining(nn.Module):
         return x.flip(1) if self.training else x
 
 
+LEFT_BEHIND = "labels left on the host"
+
+
+def _refuse_mixed(args, kwargs) -> None:
+    """Like a GPU, refuse an operation between a tensor on the 'device' (_Arrived) and one never moved."""
+    tensors = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+    if any(type(a) is _Arrived for a in tensors) and any(type(a) is _Moved for a in tensors):
+        raise RuntimeError(f"Expected all tensors to be on the same device ({LEFT_BEHIND})")
+
+
 class _Arrived(torch.Tensor):
-    """A batch that went through `.to()`."""
-
-
-class _Moved(torch.Tensor):
-    """A batch whose `.to()` returns an _Arrived tensor, so the model can tell whether it was moved."""
+    """A batch that went through `.to()`: on the 'device'. `.cpu()` brings a result back to the host."""
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        _refuse_mixed(args, kwargs)
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out.as_subclass(_Moved) if getattr(func, "__name__", "") == "cpu" else out
+
+
+class _Moved(torch.Tensor):
+    """A batch on the host whose `.to()` returns an _Arrived tensor, so the model can tell whether it was moved."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        _refuse_mixed(args, kwargs)
         out = super().__torch_function__(func, types, args, kwargs or {})
         return out.as_subclass(_Arrived) if getattr(func, "__name__", "") == "to" else out
 
@@ -110,7 +127,14 @@ def check_evaluate_accuracy(evaluate_accuracy) -> None:
     tracked = [(xb.as_subclass(_Moved), yb.as_subclass(_Moved)) for xb, yb in loader]
     model.eval()
     model.moved.clear()
-    got = evaluate_accuracy(model, tracked, torch.device("cpu"))
+    try:
+        got = evaluate_accuracy(model, tracked, torch.device("cpu"))
+    except RuntimeError as exc:
+        if LEFT_BEHIND not in str(exc):
+            raise
+        raise AssertionError("the labels y were compared with the model's predictions without moving them: on a "
+                             "GPU that fails (predictions on cuda, labels on cpu). Move y to `device` too (or bring "
+                             "the predictions back with .cpu()).") from None
     expect(model.moved and all(model.moved), "the batches were never moved with .to(device): on a GPU the model would receive "
            "CPU tensors and fail. Move x and y to `device` inside the loop.")
     expect(not model.training, "the model was in eval mode before; it should be in eval mode after")

@@ -6,6 +6,8 @@ open: exactly round(amount * numel) weights go, and no pruned |w| is larger than
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn.utils import prune
@@ -18,6 +20,24 @@ ROUNDING_CASES = ((10, 0.25), (10, 0.75), (10, 0.35), (12, 0.5), (7, 0.3), (20, 
 
 def _weights(shape, seed: int, scale: float = 1.0) -> torch.Tensor:
     return scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _call(fn, weights, amount, what: str):
+    """fn(weights, amount) on copies; a crash becomes a hint, and the weights must come back unchanged."""
+    copies = [w.clone() for w in weights] if isinstance(weights, list) else weights.clone()
+    try:
+        result = fn(copies, amount)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        hint = (" With k = round(amount * numel) = 0 nothing is pruned: return all ones (kthvalue(0) and "
+                "topk(..., 0) have nothing to pick)." if amount == 0 else "")
+        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}.{hint}") from None
+    same = (all(torch.equal(c, w) for c, w in zip(copies, weights)) if isinstance(weights, list)
+            else torch.equal(copies, weights))
+    expect(same, f"{what} changed the weights it was given: compute the mask from a copy (weight.abs(), not "
+                 "weight.abs_() or in-place sorting); pruning is applied later by multiplying with the mask.")
+    return result
 
 
 def _as_mask(mask, weight: torch.Tensor, what: str) -> torch.Tensor:
@@ -41,10 +61,18 @@ def _expect_magnitude_mask(mask, weight, amount, what) -> None:
     mask = _as_mask(mask, weight, what)
     want = _torch_mask(weight, amount)
     pruned, want_pruned = int((mask == 0).sum()), int((want == 0).sum())
+    product = amount * weight.numel()
+    if pruned in (int(product), math.ceil(product), math.floor(product + 0.5)) and pruned != want_pruned:
+        hint = ("use Python's round() (it rounds halves to even: round(2.5) == 2), not int(), math.ceil() or "
+                "floor(x + 0.5).")
+    elif abs(pruned - want_pruned) == 1:
+        hint = ("off by one at the threshold? kthvalue(k) is the k-th smallest counting from 1, so |w| < kthvalue(k) "
+                "keeps it (k - 1 pruned); sorted(|w|)[k] is already the (k+1)-th.")
+    else:
+        hint = "prune exactly k = round(amount * numel) weights, the k smallest |w|."
     expect(pruned == want_pruned,
            f"{what}: pruned {pruned} of {weight.numel()} weights; torch prunes round({amount} * {weight.numel()}) "
-           f"= {want_pruned}. Hint: use Python's round() (it rounds halves to even: round(2.5) == 2), not int() "
-           "or math.ceil().")
+           f"= {want_pruned}. Hint: {hint}")
     if 0 < pruned < weight.numel():
         expect(bool(weight.abs()[mask == 0].max() <= weight.abs()[mask == 1].min()),
                f"{what}: some pruned weight is larger in magnitude than a kept one. Prune the *smallest* |w| "
@@ -56,16 +84,18 @@ def check_magnitude_mask(magnitude_mask) -> None:
     """`magnitude_mask(weight, amount)` -> 0/1 mask pruning the round(amount * numel) smallest |w|."""
     for i, (shape, amount) in enumerate((((30, 20), 0.5), ((300, 784), 0.9), ((20, 1, 5, 5), 0.3), ((50,), 0.0))):
         weight = _weights(shape, seed=i)
-        _expect_magnitude_mask(magnitude_mask(weight, amount), weight, amount,
-                               f"magnitude_mask(weight of shape {shape}, amount={amount})")
+        what = f"magnitude_mask(weight of shape {shape}, amount={amount})"
+        _expect_magnitude_mask(_call(magnitude_mask, weight, amount, what), weight, amount, what)
     for numel, amount in ROUNDING_CASES:
         weight = _weights((numel,), seed=numel)
-        _expect_magnitude_mask(magnitude_mask(weight, amount), weight, amount,
-                               f"magnitude_mask(weight with {numel} values, amount={amount})")
+        what = f"magnitude_mask(weight with {numel} values, amount={amount})"
+        _expect_magnitude_mask(_call(magnitude_mask, weight, amount, what), weight, amount, what)
     signed = torch.tensor([-5.0, 0.1, -0.2, 4.0, -3.0, 0.3, 2.0, -0.05])
-    _expect_magnitude_mask(magnitude_mask(signed, 0.5), signed, 0.5, f"magnitude_mask({signed.tolist()}, 0.5)")
+    what = f"magnitude_mask({signed.tolist()}, 0.5)"
+    _expect_magnitude_mask(_call(magnitude_mask, signed, 0.5, what), signed, 0.5, what)
     ties = torch.tensor([1.0, -1.0, 1.0, 2.0, -1.0, 3.0, 1.0, -2.0, 0.5, 1.0])
-    mask = _as_mask(magnitude_mask(ties, 0.4), ties, "magnitude_mask(weight with ties, 0.4)")
+    what = "magnitude_mask(weight with ties, 0.4)"
+    mask = _as_mask(_call(magnitude_mask, ties, 0.4, what), ties, what)
     expect(int((mask == 0).sum()) == 4,
            f"magnitude_mask({ties.tolist()}, 0.4) pruned {int((mask == 0).sum())} weights; exactly 4 must go even "
            "though five weights tie at |w| = 1. A threshold (|w| <= 4th smallest) prunes every tie; take the k "
@@ -82,7 +112,7 @@ def check_global_masks(global_masks) -> None:
             layer.weight.copy_(_weights(layer.weight.shape, seed=100 + i, scale=scale))
     weights = [layer.weight.detach().clone() for layer in layers]
     for amount in (0.5, 0.8, 0.35):
-        masks = global_masks([w.clone() for w in weights], amount)
+        masks = _call(global_masks, weights, amount, f"global_masks(..., {amount})")
         expect(isinstance(masks, (list, tuple)) and len(masks) == len(weights),
                f"global_masks must return a list with one mask per weight ({len(weights)}); got {type(masks).__name__}")
         masks = [_as_mask(m, w, f"global_masks(..., {amount}) mask {i}") for i, (m, w) in enumerate(zip(masks, weights))]
@@ -117,7 +147,7 @@ def check_neurons_to_keep(neurons_to_keep) -> None:
     cases = [(mixed, 0.5), (mixed, 0.3), (_weights((100, 300), seed=7), 0.5), (_weights((15, 8), seed=8), 0.25)]
     for weight, amount in cases:
         what = f"neurons_to_keep(weight of shape {tuple(weight.shape)}, amount={amount})"
-        got = neurons_to_keep(weight.clone(), amount)
+        got = _call(neurons_to_keep, weight, amount, what)
         try:
             got = [int(i) for i in got]
         except (TypeError, ValueError):

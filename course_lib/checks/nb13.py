@@ -62,6 +62,13 @@ def check_linear_quantize(linear_quantize, linear_dequantize) -> None:
             expect_close(linear_dequantize(ref, scale, zero_point), fq, f"linear_dequantize (scale={scale}, "
                          f"zero_point={zero_point})", atol=1e-5, rtol=1e-6,
                          hint="x_hat = (q - zero_point) * scale, as a float tensor.")
+    x = torch.randn(6, 50, generator=torch.Generator().manual_seed(5))
+    q = linear_quantize(x, 0.02, 3, -128, 127)
+    expect(isinstance(q, torch.Tensor) and q.shape == x.shape,
+           f"linear_quantize of a {tuple(x.shape)} tensor returned shape {tuple(getattr(q, 'shape', ()))}: keep x's "
+           "shape (element-wise operations do; do not flatten).")
+    expect(torch.equal(q.to(torch.int64), torch_quantized(x, 0.02, 3, -128, 127)[0]),
+           "linear_quantize of a [6, 50] tensor differs from PyTorch's: one scale and zero point for every element.")
     passed("linear_quantize / linear_dequantize")
 
 
@@ -86,12 +93,20 @@ def check_linear_qparams(linear_qparams) -> None:
     g = torch.Generator().manual_seed(0)
     cases = {"mixed signs": torch.randn(500, generator=g) * 2 + 0.5,
              "all positive (like ReLU outputs)": torch.rand(500, generator=g) * 3 + 2,
-             "all negative": -torch.rand(500, generator=g) * 4 - 1}
+             "all negative": -torch.rand(500, generator=g) * 4 - 1,
+             "a [6, 50] weight, rows of different ranges":
+                 torch.randn(6, 50, generator=g) * torch.arange(1.0, 7.0)[:, None]}
     for name, x in cases.items():
         for qmin, qmax in RANGES:
-            got = linear_qparams(x, qmin, qmax)
+            got = linear_qparams(x.clone(), qmin, qmax)
             expect(isinstance(got, tuple) and len(got) == 2, "linear_qparams must return (scale, zero_point)")
             scale, zero_point = got
+            for value, what in ((scale, "scale"), (zero_point, "zero_point")):
+                expect(not isinstance(value, torch.Tensor) or value.numel() == 1,
+                       f"{name}, range {qmin}..{qmax}: {what} has shape {tuple(getattr(value, 'shape', ()))}: "
+                       "that is one per row "
+                       "(per channel). This exercise is PER TENSOR: one scale and zero point from the min and max "
+                       "of the whole tensor (x.min(), x.max() without dim).")
             scale = float(scale)
             expect(float(zero_point) == round(float(zero_point)), f"zero_point must be an integer; got {zero_point}")
             zero_point = int(zero_point)
@@ -124,7 +139,10 @@ def check_fake_quant_ste(fake_quant_ste) -> None:
     for qmin, qmax in RANGES:
         scale, zero_point = 0.05, (qmin + qmax + 1) // 2
         x = (torch.randn(400, generator=torch.Generator().manual_seed(qmax)) * (qmax - qmin) * scale / 3)
-        x = x.requires_grad_()
+        # just beyond the ends of the grid: x / scale + zero_point is outside [qmin, qmax] but rounds onto it
+        # (0.25 / 0.75 of a step: no ties), and just far enough to round off it
+        edges = torch.tensor([qmin - 0.25, qmin - 0.75, qmax + 0.25, qmax + 0.75, qmin, qmax]) - zero_point
+        x = torch.cat([x, edges * scale]).requires_grad_()
         ours = fake_quant_ste(x, scale, zero_point, qmin, qmax)
         theirs = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, qmin, qmax)
         expect_close(ours.detach(), theirs.detach(), f"fake_quant_ste values (range {qmin}..{qmax})", atol=1e-6,
@@ -136,11 +154,25 @@ def check_fake_quant_ste(fake_quant_ste) -> None:
         (g_ours,) = torch.autograd.grad(ours, x, upstream)
         (g_theirs,) = torch.autograd.grad(theirs, x, upstream)
         clipped = g_theirs == 0
-        expect(torch.equal(g_ours[~clipped], g_theirs[~clipped]),
-               f"range {qmin}..{qmax}: inside the range the gradient must pass straight through (times 1); "
-               "round() itself has zero gradient almost everywhere, which would stop training.")
-        expect(torch.equal(g_ours, g_theirs),
-               f"range {qmin}..{qmax}: {int((g_ours[clipped] != 0).sum())} values were clamped to qmin/qmax but "
+        # (1 / scale) * scale need not be exactly 1 in float32: a chain through x / scale is still straight-through
+        wrong = (g_ours - g_theirs).abs() > 1e-5 * upstream.abs().max()
+        wrong_inside = ~clipped & wrong
+        if wrong_inside.any():
+            v = x.detach() / scale + zero_point
+            code = torch.round(v)
+            at_ends = (code <= qmin) | (code >= qmax)
+            expect(not bool(at_ends[wrong_inside].all()),
+                   f"range {qmin}..{qmax}: an x with x / scale + zero_point = "
+                   f"{v[wrong_inside][0].item():.2f} got no gradient, but it rounds to {code[wrong_inside][0]:.0f}, "
+                   "inside the range, so PyTorch passes its gradient. Take the mask from the ROUNDED code, "
+                   "qmin <= round(x / scale) + zero_point <= qmax, not from x against the range's ends, nor "
+                   "from clamp's own gradient (torch.clamp passes none to a value exactly at a bound, and "
+                   "v + (round(v) - v).detach() is not exactly round(v) in floating point).")
+            raise AssertionError(f"range {qmin}..{qmax}: inside the range the gradient must pass straight through "
+                                 "(times 1); round() itself has zero gradient almost everywhere, which would stop "
+                                 "training.")
+        expect(not wrong.any(),
+               f"range {qmin}..{qmax}: {int(wrong.sum())} values were clamped to qmin/qmax but "
                "still got a gradient. PyTorch (and QAT) block the gradient where clamp saturated: nudging "
                "such an x changes nothing in the output.")
     passed("fake_quant_ste")
