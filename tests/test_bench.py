@@ -17,7 +17,7 @@ from course_lib.data import MNIST_TRAIN_CLASS_COUNTS, data_label
 
 
 def test_unknown_benchmark_names_the_available_ones(capsys):
-    with pytest.raises(ValueError, match="available: allreduce, compression, cpu-mnist, ddp, gpu-fast, lectures, loader, pipeline, precision, sharding"):
+    with pytest.raises(ValueError, match="available: allreduce, compression, cpu-mnist, ddp, gpu-fast, grading, lectures, loader, pipeline, precision, sharding"):
         bench.run_benchmark("nope")
     assert bench.main(["nope"]) == 2
     assert "unknown benchmark 'nope'" in capsys.readouterr().err
