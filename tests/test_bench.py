@@ -160,3 +160,13 @@ def test_seconds_to_target_counts_training_time_up_to_the_first_epoch_that_reach
     from course_lib.bench.gpu_fast import seconds_to
     out = {"epoch_seconds": [2.0, 1.0, 1.0], "epoch_test_accuracy": [0.95, 0.991, 0.99]}
     assert seconds_to(0.99, out) == 3.0 and seconds_to(0.999, out) is None
+
+
+def test_grading_benchmark_builds_a_class_of_full_untouched_and_partly_right(tmp_path):
+    from course_lib.bench import grading
+    subs = grading.make_class(tmp_path, 4)
+    nbs = [json.loads(p.read_text()) for p in sorted(subs.glob("*.ipynb"))]
+    answers = lambda nb: [c["source"] for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution")]
+    full, untouched, partly, full_again = map(answers, nbs)
+    assert full == full_again and full != untouched
+    assert partly[0] == untouched[0] and partly[1:] == full[1:], "partly right: the first answer reverted to its stub"
