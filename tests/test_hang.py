@@ -11,7 +11,8 @@ def test_the_flight_recorder_names_the_rank_that_never_joined(tmp_path):
     # the traceback blames the rank that WAITED: it timed out in all-reduce #3
     assert isinstance(error, WorkerError) and error.rank == 0 and "Timed out" in error.remote_traceback
     table = hang.read_dumps(tmp_path)
-    assert table[0]["enqueued"] == 3 and table[0]["completed"] == 2
+    # rank 0 entered #3; whether gloo has retired the timed-out #3 before the dump is a race: 2 or 3
+    assert table[0]["enqueued"] == 3 and table[0]["completed"] in (2, 3)
     assert table[1]["enqueued"] == table[1]["completed"] == 2 and table[1]["last"] == "gloo:all_reduce"
     found = hang.analyse(tmp_path)                     # PyTorch's own analyser, fr_trace
     assert found["missing_ranks"] == {1} and found["collective_seq_id"] == 3
