@@ -201,3 +201,13 @@ def test_horovod_check_passes_the_solution_and_rejects_wrong_answers():
         else:
             with pytest.raises(AssertionError, match=message):
                 judge_horovod(3, results)
+
+
+def test_a_deterministic_trainer_leaves_the_process_as_it_found_it():
+    """Lightning's deterministic=True turns torch's deterministic mode on process-wide; the check puts it back
+    (it once broke every later int8 test in the suite)."""
+    from course_lib.checks import nb16
+    before = torch.are_deterministic_algorithms_enabled()
+    model, loader = nb16._setup(7)
+    nb16._trainer(loader, model, deterministic=True)
+    assert torch.are_deterministic_algorithms_enabled() == before
