@@ -14,19 +14,18 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from ..checkpoint import atomic_write_bytes
+
 STATUSES = ("graded", "unreadable", "timeout", "grader error", "no source")
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` whole or not at all (a TA's rerun never reads half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False,
-                                     encoding="utf-8", newline="") as f:
-        f.write(text)
+    """Write `text` to `path` whole or not at all (a TA's rerun never reads half a file), readable as the
+    umask allows (the temporary file is 0600)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(f.name, 0o666 & ~umask)   # mkstemp's 0600 would keep the TA's other tools out
-    os.replace(f.name, path)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def gradebook_csv(records: list[dict]) -> str:
