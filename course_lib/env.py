@@ -7,6 +7,7 @@ and "why did my numbers change?" have one answer.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import random
@@ -105,6 +106,17 @@ class DistInfo:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run the block with torch.set_num_threads(n), then restore the previous count."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def _env_int(var: str, default: int) -> int:

@@ -11,8 +11,8 @@ from course_lib.distributed.costmodel import allreduce_time, ring_time
 from course_lib.distributed.ddp import assign_buckets
 from course_lib.loop import make_optimizer
 from course_lib.models import Net
-from course_lib.simulate import (Event, Link, Profile, RankTrace, Recording, collective_seconds, cpu_this_machine,
-                                 get_profile, record_ddp, replay)
+from course_lib.simulate import (Event, Link, Profile, RankTrace, Recording, calibrate, collective_seconds,
+                                 cpu_this_machine, get_profile, record_ddp, record_single, replay)
 from course_lib.simulate.__main__ import check_strategy, main
 from course_lib.simulate.record import _batch, _train_step, record_step
 
@@ -104,13 +104,15 @@ def test_rebucketing_and_report_cpu_prediction(ddp_recording, capsys):
     tiny = assign_buckets([torch.empty(n, device="meta") for _, n, _ in ddp_recording.params], 0.001)
     assert one.collectives == 1 and many.collectives == len(tiny) > 2
     assert many.comm_s > one.comm_s          # α paid once per bucket
-    cpu = cpu_this_machine(ddp_recording.allreduce)
+    torch.set_num_threads(1)                 # as each rank has
+    cpu = calibrate(cpu_this_machine(ddp_recording.allreduce), record_single("net", batch=32, steps=3, time_ops=2))
     pred = replay(ddp_recording, cpu)
     measured = ddp_recording.measured_step_s
     with capsys.disabled():                  # a report, never an assert: the machine may be busy
         print(f"\n[simulate] 2-rank DDP step of Net (batch 32/rank): predicted {pred.step_s * 1e3:.2f} ms on "
               f"cpu_this_machine ({cpu.source}), measured {measured * 1e3:.2f} ms, "
-              f"error {(pred.step_s - measured) / measured:+.0%}")
+              f"error {(pred.step_s - measured) / measured:+.0%} (python -m course_lib.bench simulate: the same, "
+              "on a quiet machine)")
     assert pred.step_s > 0 and math.isfinite(pred.step_s)
 
 
@@ -140,3 +142,61 @@ def test_bad_arguments_name_the_allowed_values():
         replay(toy_recording(), replace(TOY, eff_flops=0))
     with pytest.raises(SystemExit):
         main(["--profile", "dgx_moon"])
+
+
+def test_calibrated_cpu_profile_replays_the_measured_single_step():
+    torch.set_num_threads(1)
+    single = record_single("net", batch=8, steps=1, time_ops=2)
+    ops = [e for e in single.ranks[0].events if e.stream == "compute" and not e.view]
+    assert all(e.measured_s > 0 for e in ops)
+    cpu = replace(TOY, launch_s=1e-6, view_s=0.0)
+    fitted = calibrate(cpu, single)
+    assert replay(single, fitted).step_s == pytest.approx(single.measured_step_s, rel=1e-9)
+    assert set(fitted.op_scale) <= {e.name for e in ops} and "aten.convolution" in fitted.op_scale
+    shared = calibrate(cpu, single, ranks_per_core=2)            # 4 ranks on 2 cores: every op twice as long
+    assert replay(single, shared).step_s == pytest.approx(2 * single.measured_step_s, rel=1e-9)
+    with pytest.raises(ValueError, match="time_ops"):
+        calibrate(cpu, record_single("net", batch=8, steps=1))
+    with pytest.raises(ValueError, match="time_ops"):
+        calibrate(cpu, toy_recording())
+
+
+def test_launch_overhead_adds_on_a_cpu_and_hides_behind_long_kernels_on_a_gpu():
+    sync, queued = replace(TOY, launch_s=1e-3), replace(TOY, launch_s=1e-3, async_launch=True)
+    long_op = 1e12       # TOY: 5e11 FLOP/s effective, so 2 s
+    assert sync.op_seconds(long_op, 0) == pytest.approx(2.0 + 1e-3)
+    assert queued.op_seconds(long_op, 0) == pytest.approx(2.0)
+    assert queued.op_seconds(10.0, 0) == pytest.approx(1e-3)      # a tiny kernel: the launch is the cost
+
+
+def test_a_gpt_shaped_step_records_on_the_meta_device_as_flop_counter_counts_it():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from course_lib.simulate.shapes import GPT, GPTShape, record_by_shape
+    tiny = GPTShape("tiny", layers=2, d_model=64, heads=4, seq=32, vocab=100)
+    for attention in ("flash", "math"):
+        rec = record_by_shape(tiny, batch=2, attention=attention)
+        with torch.device("meta"):
+            model = GPT(tiny, attention).to(torch.bfloat16)
+            idx = torch.randint(0, 100, (2, 32))
+        with FlopCounterMode(display=False) as counter:
+            torch.nn.functional.cross_entropy(model(idx).view(-1, 100), idx.view(-1)).backward()
+        assert rec.flops_per_rank() == counter.get_total_flops() > 6 * 2 * 32 * 2 * 12 * 64 * 64
+        assert {e.phase for e in rec.ranks[0].events} >= {"forward", "backward", "optimizer"}
+        assert [p[0] for p in rec.params][:2] == ["wte.weight", "wpe.weight"] and rec.params[0][2] == 2
+    assert replay(rec, get_profile("h100_node"), world=16).collectives >= 1    # rebucketed: DDP's all-reduces
+    with pytest.raises(ValueError, match="flash"):
+        record_by_shape(tiny, attention="sparse")
+    with pytest.raises(TypeError, match="GPTShape"):
+        record_by_shape({"layers": 2})
+
+
+def test_bench_simulate_reports_the_error_of_each_prediction(ddp_recording, monkeypatch):
+    from course_lib.bench import simulate as bench
+    monkeypatch.setattr(bench, "record_ddp", lambda world, **kw: ddp_recording)
+    result = bench.run(quick=True)
+    assert [r["step"] for r in result.rows] == ["BucketedDDP, Net, 2 gloo ranks", "BucketedDDP, Net, 4 gloo ranks"]
+    for world in (2, 4):
+        s = result.summary
+        assert s[f"ddp{world}_error"] == pytest.approx(
+            (s[f"ddp{world}_predicted_ms"] - s[f"ddp{world}_measured_ms"]) / s[f"ddp{world}_measured_ms"])

@@ -15,7 +15,6 @@ on a shared machine does not make one model's threads wait for a core; training 
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 import torch
@@ -23,7 +22,7 @@ import torch
 from ..compression import int8, measure, pipeline
 from ..compression.structured import prune_structured
 from ..data import TensorLoader, data_label, mnist_loaders, train_split_size
-from ..env import seed_everything
+from ..env import seed_everything, torch_threads
 from ..models import build_model
 from ..loop import evaluate
 from .result import BenchResult, format_table
@@ -35,17 +34,6 @@ SCHEDULES = {  # (full, quick): baseline epochs and deep_compress's rounds/epoch
                {"epochs": 3, "prune_rounds": 2, "prune_epochs": 1, "share_epochs": 1}),
 }
 QUICK_TRAIN, QUICK_TEST = 1000, 2000
-
-
-@contextlib.contextmanager
-def threads(n: int):
-    """Run the block with torch.set_num_threads(n), then restore the previous count."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def _compress(name: str, train_loader, test_loader, quick: bool):
@@ -80,7 +68,7 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
     structured = prune_structured(fp32, 0.5)
     pipeline.train(structured, train_loader, 2)
     models = {"fp32": fp32, "int8": quantized, "structured": structured.eval()}
-    with threads(1):
+    with torch_threads(1):
         latency = measure.compare_latency(models, batch_size=256, repeats=20 if quick else 50)
     acc = {key: evaluate(m, test_loader, device="cpu")[1] for key, m in models.items()}
     size = {key: measure.serialized_bytes(m) for key, m in models.items()}

@@ -9,12 +9,14 @@
 - `record`: a TorchDispatchMode that lists each aten op (FLOPs, bytes, phase) and each collective
   (kind, bytes, group) with the dependencies between them; JSON save/load.
 - `replay`: compute and comm streams per device; roofline time per op, α–β time per collective.
-- `profiles`: H100/A100/B200 nodes, a 25 GbE cloud VM (sourced figures), and this CPU, calibrated.
+- `profiles`: H100/A100/B200 nodes, a 25 GbE cloud VM (sourced figures), and this CPU (`cpu_this_machine`,
+  then `calibrate` per op kind on one measured step).
+- `shapes`: GPT-2 small recorded by shape on the meta device (no weights, no arithmetic).
 Command line: `python -m course_lib.simulate --strategy ddp --world 64 --profile h100_node`.
 """
-from .profiles import PROFILES, Link, Profile, cpu_this_machine, get_profile
+from .profiles import PROFILES, Link, Profile, calibrate, cpu_this_machine, get_profile
 from .record import Event, RankTrace, Recording, record_ddp, record_single
 from .replay import Prediction, collective_seconds, rebucket, replay, sweep
 
-__all__ = ["PROFILES", "Link", "Profile", "cpu_this_machine", "get_profile", "Event", "RankTrace", "Recording",
+__all__ = ["PROFILES", "Link", "Profile", "calibrate", "cpu_this_machine", "get_profile", "Event", "RankTrace", "Recording",
            "record_ddp", "record_single", "Prediction", "collective_seconds", "rebucket", "replay", "sweep"]

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -46,15 +47,20 @@ class Profile:
     eff_flops: float = 0.6     # share of peak a real kernel reaches (assumption)
     eff_bw: float = 0.8        # share of memory bandwidth a real kernel reaches (assumption)
     launch_s: float = 5e-6     # per op: eager-mode kernel launch (assumption: a few µs on a GPU)
+    async_launch: bool = False  # a GPU: the CPU queues kernels ahead, so an op takes max(kernel, launch)
     view_s: float = 0.0        # per view/metadata op (no kernel on a GPU)
     source: str = ""
+    op_scale: dict = field(default_factory=dict)   # op name -> measured / roofline time (`calibrate`)
 
-    def op_seconds(self, flops: float, nbytes: float, view: bool = False) -> float:
-        """Roofline time of one op: max(compute, memory) + launch overhead; a view op costs view_s."""
+    def op_seconds(self, flops: float, nbytes: float, view: bool = False, name: str = "") -> float:
+        """Roofline time of one op: max(compute, memory) x its calibrated factor, plus the launch overhead
+        (or, with async_launch, at least the launch overhead: the queue hides it behind longer kernels);
+        a view op costs view_s."""
         if view:
             return self.view_s
-        return max(flops / (self.peak_flops * self.eff_flops), nbytes / (self.mem_GBps * 1e9 * self.eff_bw)) \
-            + self.launch_s
+        roof = max(flops / (self.peak_flops * self.eff_flops), nbytes / (self.mem_GBps * 1e9 * self.eff_bw))
+        roof *= self.op_scale.get(name, 1.0)
+        return max(roof, self.launch_s) if self.async_launch else roof + self.launch_s
 
 
 def _chip(name: str):
@@ -72,7 +78,7 @@ def h100_node() -> Profile:
     α of both links from costmodel.LINKS (assumptions)."""
     chip = _chip("NVIDIA H100 SXM")
     return Profile("h100_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, 8, _link("NVLink4 (H100)"),
-                   _link("InfiniBand NDR"), source=f"{chip.source}; costmodel.LINKS")
+                   _link("InfiniBand NDR"), source=f"{chip.source}; costmodel.LINKS", async_launch=True)
 
 
 def a100_node() -> Profile:
@@ -81,7 +87,7 @@ def a100_node() -> Profile:
     InfiniBand NIC per GPU = 25 GB/s per direction (NVIDIA DGX A100 datasheet, 2020); α assumed as LINKS'."""
     nvlink = NVLINK_GENERATIONS["NVLink3 (A100)"][1]
     return Profile("a100_node", 312e12, 2039.0, 8, Link(LINKS["NVLink4 (H100)"][0], nvlink),
-                   Link(LINKS["InfiniBand NDR"][0], 25.0), source="NVIDIA A100 and DGX A100 datasheets")
+                   Link(LINKS["InfiniBand NDR"][0], 25.0), source="NVIDIA A100 and DGX A100 datasheets", async_launch=True)
 
 
 def b200_node() -> Profile:
@@ -90,7 +96,7 @@ def b200_node() -> Profile:
     direction (DGX B200 datasheet); α of both links from costmodel.LINKS (assumptions)."""
     chip = _chip("NVIDIA B200 (HGX)")
     return Profile("b200_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, 8, _link("NVLink5 (B200)"),
-                   _link("InfiniBand NDR"), source=f"{chip.source}; costmodel.LINKS")
+                   _link("InfiniBand NDR"), source=f"{chip.source}; costmodel.LINKS", async_launch=True)
 
 
 def cloud_vm_25gbe() -> Profile:
@@ -98,7 +104,7 @@ def cloud_vm_25gbe() -> Profile:
     joined by 25 Gb/s Ethernet = 3.125 GB/s per direction (the VM's stated network rate; cloud VMs of
     this kind quote 'up to' figures); α = 50 µs, as costmodel.LINKS assumes for Ethernet with TCP."""
     ethernet = Link(LINKS["10 GbE"][0], 25 / 8)
-    return Profile("cloud_vm_25gbe", 312e12, 1555.0, 1, ethernet, ethernet, source="NVIDIA A100 datasheet; 25 GbE")
+    return Profile("cloud_vm_25gbe", 312e12, 1555.0, 1, ethernet, ethernet, source="NVIDIA A100 datasheet; 25 GbE", async_launch=True)
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -145,6 +151,43 @@ def cpu_this_machine(allreduce: dict | None = None, threads: int = 1) -> Profile
                    launch_s=launch, view_s=view,
                    source=f"measured here: {gflops:.0f} GFLOP/s (512x512 matmul, {threads} thread), {gbs:.1f} GB/s "
                           f"copy, {launch * 1e6:.1f} µs/op, gloo α={alpha * 1e6:.0f} µs, {gloo.GBps:.2f} GB/s")
+
+
+def calibrate(profile: Profile, recording, ranks_per_core: float = 1.0) -> Profile:
+    """`profile` fitted to one measured single-process step (`record_single(time_ops=...)`): per op name,
+    the factor by which this machine's kernels miss the roofline (small convolutions and max-pooling run
+    far below the matmul rate), and a per-op overhead so that the replayed step takes what the step took
+    (the time between ops: Python, autograd, the allocator). ranks_per_core > 1: ranks share cores, so
+    every op takes that much longer (4 ranks on 2 cores: 2).
+    """
+    check_profile(profile)
+    positive_number("ranks_per_core", ranks_per_core)
+    rank = recording.ranks[0]
+    ops = [e for e in rank.events if e.stream == "compute" and not e.view]
+    if recording.world_size != 1 or not recording.measured_step_s or not any(e.measured_s for e in ops):
+        raise ValueError("recording must be one process recorded with time_ops (record_single(time_ops=3)); "
+                         f"got {recording.label!r}")
+    bare = replace(profile, launch_s=0.0, op_scale={})
+    roof, measured = {}, {}
+    for e in ops:
+        roof[e.name] = roof.get(e.name, 0.0) + bare.op_seconds(e.flops, e.bytes)
+        measured[e.name] = measured.get(e.name, 0.0) + e.measured_s
+    # Timed one by one, ops can sum to more than the untimed step (timer and cache effects) or to less
+    # (the time between ops): either way the replayed single step is made to take what the step took.
+    total = sum(measured.values())
+    budget = recording.measured_step_s - profile.view_s * sum(e.view for e in rank.events)
+    k = min(1.0, budget / total)
+    scale = {n: measured[n] / roof[n] * k * max(ranks_per_core, 1.0) for n in roof if roof[n] > 0}
+    launch = max(budget - total, 0.0) / len(ops) * max(ranks_per_core, 1.0)
+    shared = f", x{ranks_per_core:g} for ranks sharing cores" if ranks_per_core > 1 else ""
+    return replace(profile, op_scale=scale, launch_s=launch,
+                   source=f"{profile.source}; calibrated on {recording.label} ({len(scale)} op kinds, "
+                          f"{launch * 1e6:.1f} µs between ops{shared})")
+
+
+def cores() -> int:
+    """CPU cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 PROFILES = {"h100_node": h100_node, "a100_node": a100_node, "b200_node": b200_node,

@@ -51,6 +51,7 @@ class Event:
     view: bool = False        # a view/metadata op (no kernel on a GPU)
     after: list[int] = field(default_factory=list)   # indices of events it must wait for
     group_size: int = 1       # ranks in a collective's group
+    measured_s: float = 0.0   # the op's own time when recorded with time_ops (calibration); 0 otherwise
 
 
 @dataclass
@@ -93,7 +94,7 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 
 def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    return t.untyped_storage()._cdata     # the storage itself: data_ptr is 0 for every meta tensor
 
 
 def _nbytes(tensors) -> int:
@@ -101,10 +102,14 @@ def _nbytes(tensors) -> int:
 
 
 class Recorder(TorchDispatchMode):
-    """Collects `events` while active. `watch(params)` before wrapping a model in DDP notes gradient readiness."""
+    """Collects `events` while active. `watch(params)` before wrapping a model in DDP notes gradient readiness.
 
-    def __init__(self):
+    time_ops: also time each compute op (its `measured_s`), for calibrating a profile to this machine.
+    """
+
+    def __init__(self, time_ops: bool = False):
         super().__init__()
+        self.time_ops = time_ops
         self.events: list[Event] = []
         self.grad_ready: dict[int, int] = {}
         self._stack: list[str] = []      # open record_function names
@@ -139,7 +144,9 @@ class Recorder(TorchDispatchMode):
             return out
         inputs = _tensors((args, kwargs))
         deps = sorted({self._writer[_key(t)] for t in inputs if _key(t) in self._writer})
+        t0 = time.perf_counter()
         out = func(*args, **kwargs)
+        seconds = time.perf_counter() - t0 if self.time_ops else 0.0
         if namespace == "c10d":
             if op in COLLECTIVES:
                 self._collective(COLLECTIVES[op], args, deps)
@@ -153,7 +160,7 @@ class Recorder(TorchDispatchMode):
         comm = [d for d in deps if self.events[d].stream == "comm"]   # wait only for collectives: the
         self.events.append(Event(f"{namespace}.{op}", self._phase(), "compute", float(flops),  # stream orders
                                  0.0 if is_view else float(_nbytes(inputs) + _nbytes(_tensors(out))),
-                                 is_view, comm))                                               # the rest
+                                 is_view, comm, measured_s=seconds))                           # the rest
         for t in written:
             self._writer[_key(t)] = len(self.events) - 1
         return out
@@ -171,11 +178,12 @@ class Recorder(TorchDispatchMode):
             self._writer[_key(t)] = len(self.events) - 1
 
 
-def record_step(step, params=(), steps: int = 3, watch=None) -> tuple[RankTrace, float]:
+def record_step(step, params=(), steps: int = 3, watch=None, time_ops: int = 0) -> tuple[RankTrace, float]:
     """Time `steps` calls of `step()` (after one warm-up), then record one more; returns (trace, median s).
 
     watch: a Recorder already watching the parameters (created before DDP wrapped them); else one is
-    made here and watches `params`.
+    made here and watches `params`. time_ops: record that many more steps timing each op, and keep each
+    op's fastest time as its `measured_s` (the step must run the same ops every time).
     """
     positive_int("steps", steps)
     rec = watch or Recorder()
@@ -187,9 +195,18 @@ def record_step(step, params=(), steps: int = 3, watch=None) -> tuple[RankTrace,
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    rec.events, rec.grad_ready, rec._writer = [], {}, {}
-    with rec:
-        step()
+    runs = []
+    for timed in [False] + [True] * time_ops:
+        rec.events, rec.grad_ready, rec._writer, rec.time_ops = [], {}, {}, timed
+        with rec:
+            step()
+        runs.append(rec.events)
+    if time_ops:
+        if len({len(r) for r in runs}) != 1:
+            raise RuntimeError("the step ran different ops from one call to the next: its ops cannot be timed")
+        for i, e in enumerate(runs[0]):
+            e.measured_s = min(r[i].measured_s for r in runs[1:])
+    rec.events = runs[0]
     ready = [rec.grad_ready.get(i, len(rec.events) - 1) for i in range(len(rec._params))]
     return RankTrace(rec.events, ready), statistics.median(times)
 
@@ -209,15 +226,18 @@ def _param_table(model) -> list[list]:
     return [[n, p.numel(), p.element_size()] for n, p in model.named_parameters() if p.requires_grad]
 
 
-def record_single(model: str = "net", batch: int = 64, steps: int = 3) -> Recording:
-    """One process, no communication: the course's training step of `model` (models.MODELS) on a random batch."""
+def record_single(model: str = "net", batch: int = 64, steps: int = 3, time_ops: int = 0) -> Recording:
+    """One process, no communication: the course's training step of `model` (models.MODELS) on a random batch.
+
+    time_ops: time every op over that many extra recorded steps (for `profiles.calibrate`)."""
     from ..loop import make_optimizer
     from ..models import build_model
     positive_int("batch", batch)
     torch.manual_seed(0)
     net = build_model(model)
     opt = make_optimizer("sgd", net.parameters(), lr=0.01)
-    rank, seconds = record_step(_train_step(net, _batch(batch, 0), opt), list(net.parameters()), steps)
+    rank, seconds = record_step(_train_step(net, _batch(batch, 0), opt), list(net.parameters()), steps,
+                                time_ops=time_ops)
     return Recording([rank], _param_table(net), 1, batch, f"{model}, batch {batch}, 1 process", seconds)
 
 

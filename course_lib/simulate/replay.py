@@ -131,7 +131,7 @@ def replay(recording: Recording, profile: Profile, world: int | None = None, buc
 
 def _duration(e: Event, profile, world, recorded_world, algorithm, hierarchical) -> float:
     if e.stream == "compute":
-        return profile.op_seconds(e.flops, e.bytes, e.view)
+        return profile.op_seconds(e.flops, e.bytes, e.view, e.name)
     group = world if e.group_size == recorded_world else e.group_size   # the whole group scales with world
     return collective_seconds(e.name, e.bytes, group, profile, algorithm, hierarchical)
 
