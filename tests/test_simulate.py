@@ -11,8 +11,20 @@ from course_lib.distributed.costmodel import allreduce_time, ring_time
 from course_lib.distributed.ddp import assign_buckets
 from course_lib.loop import make_optimizer
 from course_lib.models import Net
-from course_lib.simulate import (Event, Link, Profile, RankTrace, Recording, calibrate, collective_seconds,
-                                 cpu_this_machine, get_profile, record_ddp, record_single, replay)
+from course_lib.simulate import (
+    Event,
+    Link,
+    Profile,
+    RankTrace,
+    Recording,
+    calibrate,
+    collective_seconds,
+    cpu_this_machine,
+    get_profile,
+    record_ddp,
+    record_single,
+    replay,
+)
 from course_lib.simulate.__main__ import check_strategy, main
 from course_lib.simulate.record import _batch, _train_step, record_step
 

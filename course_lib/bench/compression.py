@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import itertools
 
-import torch
-
 from ..compression import int8, measure, pipeline
 from ..compression.structured import prune_structured
 from ..data import TensorLoader, data_label, mnist_loaders, train_split_size
 from ..env import seed_everything, torch_threads
-from ..models import build_model
 from ..loop import evaluate
+from ..models import build_model
 from .result import BenchResult, format_table
 
 SCHEDULES = {  # (full, quick): baseline epochs and deep_compress's rounds/epochs

@@ -11,9 +11,9 @@ fp32 gradients under autocast anyway).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
-import os
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -204,7 +204,7 @@ def check_profile(profile: Profile) -> Profile:
     """Refuse a Profile with a non-positive figure, naming the field."""
     if not isinstance(profile, Profile):
         raise TypeError(f"profile must be a Profile (see PROFILES: {tuple(PROFILES)}); got {type(profile).__name__}")
-    for field in ("peak_flops", "mem_GBps", "eff_flops", "eff_bw"):
-        positive_number(f"profile.{field}", getattr(profile, field))
+    for name in ("peak_flops", "mem_GBps", "eff_flops", "eff_bw"):
+        positive_number(f"profile.{name}", getattr(profile, name))
     positive_int("profile.gpus_per_node", profile.gpus_per_node)
     return profile

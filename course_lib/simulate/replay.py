@@ -36,7 +36,7 @@ from ..distributed.costmodel import allreduce_time
 from ..distributed.ddp import assign_buckets
 from ..validate import one_of, positive_int, positive_number
 from .profiles import Profile, check_profile
-from .record import Event, Recording, RankTrace
+from .record import Event, RankTrace, Recording
 
 ALGORITHMS = ("ring", "tree")
 SUPPORTED = ("all_reduce",)

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..validate import one_of, positive_int
-from .record import Recorder, Recording, RankTrace
+from .record import RankTrace, Recorder, Recording
 
 
 class GPTShape(NamedTuple):
