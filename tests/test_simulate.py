@@ -142,12 +142,14 @@ def test_bad_arguments_name_the_allowed_values():
         get_profile("h200_node")
     with pytest.raises(ValueError, match="ddp"):
         check_strategy("pipeline", 8)
+    with pytest.raises(ValueError, match="gpt2"):
+        check_strategy("zero3", 8)
     with pytest.raises(ValueError, match="world must be 1"):
         check_strategy("single", 8)
     with pytest.raises(ValueError, match="ring"):
         replay(toy_recording(), TOY, algorithm="mesh")
     with pytest.raises(ValueError, match="all_reduce"):
-        collective_seconds("all_gather", 1e6, 8, TOY)
+        collective_seconds("broadcast", 1e6, 8, TOY)
     with pytest.raises(ValueError, match="world"):
         replay(toy_recording(), TOY, world=0)
     with pytest.raises(ValueError, match="eff_flops"):
@@ -212,3 +214,26 @@ def test_bench_simulate_reports_the_error_of_each_prediction(ddp_recording, monk
         s = result.summary
         assert s[f"ddp{world}_error"] == pytest.approx(
             (s[f"ddp{world}_predicted_ms"] - s[f"ddp{world}_measured_ms"]) / s[f"ddp{world}_measured_ms"])
+
+
+def test_fsdp_step_records_gathers_and_scatters_and_replays_them_as_half_rings():
+    from course_lib.simulate.record import record_fsdp
+    rec = record_fsdp(2, width=64, depth=2, batch=8, steps=1)
+    layers = 3                                        # 784-64, 64-64, 64-10: one FSDP unit each
+    for rank in rec.ranks:
+        comm = [e for e in rank.events if e.stream == "comm"]
+        gathers = [e for e in comm if e.name == "all_gather"]
+        scatters = [e for e in comm if e.name == "reduce_scatter"]
+        assert len(scatters) == layers and layers <= len(gathers) <= 2 * layers
+        assert {e.phase for e in scatters} == {"backward"} and gathers[0].phase == "forward"
+        whole = sorted(4 * (i * o + o) for i, o in ((784, 64), (64, 64), (64, 10)))
+        assert sorted(e.bytes for e in scatters) == whole      # a reduce-scatter's whole input: the full gradient
+    assert rec.sharded and rec.measured_step_s > 0
+    link = TOY.intra
+    assert collective_seconds("all_gather", 8e6, 4, TOY) == pytest.approx(3 * link.alpha + 3 / 4 * 8e6 * link.beta)
+    assert collective_seconds("reduce_scatter", 8e6, 16, TOY) == pytest.approx(15 * 1e-4 + 15 / 16 * 8e6 * 1e-9)
+    small, big = (replay(rec, TOY, world=w) for w in (2, 8))
+    assert big.comm_s > small.comm_s and big.collectives == small.collectives
+    opt = [e for e in rec.ranks[0].events if e.phase == "optimizer" and e.stream == "compute" and not e.view]
+    roof = lambda share: sum(TOY.op_seconds(e.flops * share, e.bytes * share) for e in opt)
+    assert roof(2 / 8) < roof(1)      # each of 8 ranks updates a quarter of what each of 2 did

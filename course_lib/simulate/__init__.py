@@ -15,8 +15,8 @@
 Command line: `python -m course_lib.simulate --strategy ddp --world 64 --profile h100_node`.
 """
 from .profiles import PROFILES, Link, Profile, calibrate, cpu_this_machine, get_profile
-from .record import Event, RankTrace, Recording, record_ddp, record_single
+from .record import Event, RankTrace, Recording, record_ddp, record_fsdp, record_single
 from .replay import Prediction, collective_seconds, rebucket, replay, sweep
 
 __all__ = ["PROFILES", "Link", "Profile", "calibrate", "cpu_this_machine", "get_profile", "Event", "RankTrace", "Recording",
-           "record_ddp", "record_single", "Prediction", "collective_seconds", "rebucket", "replay", "sweep"]
+           "record_ddp", "record_fsdp", "record_single", "Prediction", "collective_seconds", "rebucket", "replay", "sweep"]

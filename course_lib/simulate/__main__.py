@@ -5,7 +5,9 @@
 
 ddp: records a BucketedDDP step of course_lib.models.Net on 2 gloo ranks (a few seconds), or loads
 --recording if that file exists (and saves a new recording there otherwise), then replays it on --world
-devices. single: one process, no communication (--world must be 1).
+devices. fsdp: lecture 10's FSDP2 step on 2 gloo ranks, the same way. gpt2: GPT-2 small recorded by
+shape (no arithmetic), DDP's all-reduces added by the replay. single: one process, no communication
+(--world must be 1).
 """
 from __future__ import annotations
 
@@ -14,15 +16,16 @@ import json
 from pathlib import Path
 
 from .profiles import PROFILES, get_profile
-from .record import Recording, record_ddp, record_single
+from .record import Recording, record_ddp, record_fsdp, record_single
 from .replay import ALGORITHMS, replay
+from .shapes import GPT2_SMALL, record_by_shape
 
-STRATEGIES = ("ddp", "single")
+STRATEGIES = ("ddp", "fsdp", "gpt2", "single")
 
 
 def check_strategy(strategy: str, world: int) -> None:
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES} (pipeline and fsdp are not recorded yet); "
+        raise ValueError(f"strategy must be one of {STRATEGIES} (pipelines: course_lib.simulate.pipeline); "
                          f"got {strategy!r}")
     if strategy == "single" and world != 1:
         raise ValueError(f"strategy 'single' runs on one device: world must be 1; got {world}")
@@ -35,7 +38,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--profile", default="h100_node", help=f"one of {tuple(PROFILES)}")
     parser.add_argument("--bucket-mb", type=float, default=None, help="re-bucket the gradients (MB per bucket)")
     parser.add_argument("--algorithm", default="ring", help=f"one of {ALGORITHMS}")
-    parser.add_argument("--batch", type=int, default=64, help="batch per rank of the recorded step")
+    parser.add_argument("--batch", type=int, default=64, help="batch per rank of the recorded step (not gpt2: 8)")
     parser.add_argument("--recording", type=Path, default=None, help="JSON recording to load or save")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
     parser.add_argument("--trace", type=Path, default=None, help="write the predicted timeline as a Chrome trace")
@@ -49,7 +52,9 @@ def main(argv=None) -> dict:
     if args.recording is not None and args.recording.exists():
         rec = Recording.load(args.recording)
     else:
-        rec = record_ddp(2, batch=args.batch) if args.strategy == "ddp" else record_single(batch=args.batch)
+        rec = {"ddp": lambda: record_ddp(2, batch=args.batch), "fsdp": lambda: record_fsdp(2, batch=args.batch),
+               "gpt2": lambda: record_by_shape(GPT2_SMALL, batch=8),
+               "single": lambda: record_single(batch=args.batch)}[args.strategy]()
         if args.recording is not None:
             rec.save(args.recording)
     pred = replay(rec, get_profile(args.profile), world=args.world, bucket_mb=args.bucket_mb,
@@ -63,7 +68,7 @@ def main(argv=None) -> dict:
     else:
         print(f"{pred.timeline.label}")
         print(f"step {out['step_ms']:.3f} ms = compute {out['compute_ms']:.3f} ms + exposed communication "
-              f"{out['exposed_comm_ms']:.3f} ms (all-reduces {out['comm_ms']:.3f} ms, {out['collectives']} per step); "
+              f"{out['exposed_comm_ms']:.3f} ms (collectives {out['comm_ms']:.3f} ms, {out['collectives']} per step); "
               f"MFU {100 * out['mfu']:.3g}%")
         if args.trace is not None:
             print(f"trace: {args.trace} (open it in https://ui.perfetto.dev)")

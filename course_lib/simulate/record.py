@@ -36,7 +36,9 @@ from ..validate import positive_int, positive_number
 
 PHASES = ("forward", "backward", "optimizer")
 COLLECTIVES = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "broadcast_": "broadcast",
-               "allgather_": "all_gather", "reduce_scatter_": "reduce_scatter"}   # c10d op -> collective
+               "allgather_": "all_gather", "_allgather_base_": "all_gather",
+               "allgather_into_tensor_coalesced_": "all_gather", "reduce_scatter_": "reduce_scatter",
+               "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor_coalesced_": "reduce_scatter"}
 
 
 @dataclass
@@ -47,7 +49,8 @@ class Event:
     phase: str                # forward / backward / optimizer / other
     stream: str = "compute"   # "compute" or "comm"
     flops: float = 0.0
-    bytes: float = 0.0        # compute: inputs + outputs; collective: the buffer each rank contributes
+    bytes: float = 0.0        # compute: inputs + outputs; collective: the whole tensor (all-reduce buffer,
+                              # all-gather output, reduce-scatter input)
     view: bool = False        # a view/metadata op (no kernel on a GPU)
     after: list[int] = field(default_factory=list)   # indices of events it must wait for
     group_size: int = 1       # ranks in a collective's group
@@ -69,6 +72,7 @@ class Recording:
     label: str = ""
     measured_step_s: float | None = None     # the same step timed without the recorder (slowest rank)
     allreduce: dict | None = None            # gloo all-reduce times measured in the same launch (calibration)
+    sharded: bool = False                    # FSDP: each rank updates 1/world of the parameters
 
     def save(self, path) -> Path:
         path = Path(path)
@@ -167,14 +171,15 @@ class Recorder(TorchDispatchMode):
 
     def _collective(self, kind: str, args, deps) -> None:
         import torch.distributed as dist
-        buffers = _tensors(args[0])
+        written = _tensors(args[0])                     # c10d ops take the output (or in-place buffer) first
+        whole = _tensors(args[1]) if kind == "reduce_scatter" else written   # a reduce-scatter's input is whole
         group = next((a for a in args if hasattr(a, "size") and not isinstance(a, torch.Tensor)), None)
         size = group.size() if group is not None and callable(group.size) else dist.get_world_size()
         compute = [d for d in deps if self.events[d].stream == "compute"]
         before = [i for i, e in enumerate(self.events) if e.stream == "compute"]
         after = compute[-1:] or before[-1:]
-        self.events.append(Event(kind, self._phase(), "comm", 0.0, float(_nbytes(buffers)), False, after, size))
-        for t in buffers:
+        self.events.append(Event(kind, self._phase(), "comm", 0.0, float(_nbytes(whole)), False, after, size))
+        for t in written:
             self._writer[_key(t)] = len(self.events) - 1
 
 
@@ -286,3 +291,41 @@ def record_ddp(world_size: int = 2, model: str = "net", batch: int = 64, bucket_
     return Recording(ranks, outs[0]["params"], world_size, batch,
                      f"{model}, batch {batch} per rank, BucketedDDP {bucket_mb:g} MB, {world_size} gloo ranks",
                      max(o["seconds"] for o in outs), outs[0]["allreduce"])
+
+
+def fsdp_worker(rank: int, world_size: int, width: int = 784, depth: int = 4, batch: int = 32, steps: int = 5) -> dict:
+    """Worker for `launch`: lecture 10's FSDP2 model and step (Adam), timed, then recorded."""
+    import torch.distributed as dist
+
+    from ..distributed.sharding import shard_model
+    from ..distributed.sharding_workers import _batches, shard_friendly_mlp
+    torch.manual_seed(0)
+    model = shard_model(shard_friendly_mlp(width, depth))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = _batches(rank, 1, batch, torch.device("cpu"))[0]
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.profiler.record_function("forward"):
+            loss = F.cross_entropy(model(x), y)
+        with torch.profiler.record_function("backward"):
+            loss.backward()
+        with torch.profiler.record_function("optimizer"):
+            opt.step()
+        dist.barrier()
+    trace, seconds = record_step(step, [p for p in model.parameters()], steps)
+    params = [[n, p.numel(), p.element_size()] for n, p in shard_friendly_mlp(width, depth).named_parameters()]
+    return {"trace": asdict(trace), "seconds": seconds, "params": params}
+
+
+def record_fsdp(world_size: int = 2, width: int = 784, depth: int = 4, batch: int = 32, steps: int = 5,
+                timeout: float = 120.0) -> Recording:
+    """Record lecture 10's FSDP2 step (`shard_model` of `shard_friendly_mlp`, Adam) on `world_size` gloo ranks:
+    an all-gather per layer before its forward and its backward, a reduce-scatter per layer after it."""
+    from ..distributed.launch import launch
+    positive_int("world_size", world_size)
+    outs = launch(fsdp_worker, world_size, width, depth, batch, steps, timeout=timeout)
+    ranks = [RankTrace([Event(**e) for e in o["trace"]["events"]], o["trace"]["grad_ready"]) for o in outs]
+    return Recording(ranks, outs[0]["params"], world_size, batch,
+                     f"FSDP2 MLP 784-{width}x{depth}-10, batch {batch} per rank, Adam, {world_size} gloo ranks",
+                     max(o["seconds"] for o in outs), sharded=True)

@@ -14,11 +14,14 @@ Collective model (`collective_seconds`), for p ranks and g = gpus_per_node:
   across the p/g nodes on the inter link, g of them at once (one NIC per GPU) — NCCL's and
   Horovod's hierarchical all-reduce;
 - p > g, flat: one `algorithm` all-reduce over all p ranks at the inter link's speed (a ring runs at
-  its slowest link).
+  its slowest link);
+- all-gather and reduce-scatter (FSDP): a ring, (p−1)·α + (p−1)/p·S·β for the whole tensor S, over the
+  intra link inside a node, else the inter link (no hierarchy modelled for them).
 
 Scaling by shape: `world` replays the recorded ranks as if the group had `world` ranks (each rank's
 batch and gradient bytes unchanged); `bucket_mb` re-buckets the gradients as DDP would (parameters in
-reverse order, `ddp.assign_buckets`), each bucket waiting for its last gradient.
+reverse order, `ddp.assign_buckets`), each bucket waiting for its last gradient. A sharded (FSDP)
+recording's optimizer ops shrink with the shard (recorded world / world).
 
     from course_lib.simulate import record_ddp, replay, h100_node
     p = replay(record_ddp(2), h100_node(), world=64)
@@ -39,16 +42,19 @@ from .profiles import Profile, check_profile
 from .record import Event, RankTrace, Recording
 
 ALGORITHMS = ("ring", "tree")
-SUPPORTED = ("all_reduce",)
+SUPPORTED = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 def collective_seconds(kind: str, nbytes: float, world: int, profile: Profile, algorithm: str = "ring",
                        hierarchical: bool = True) -> float:
-    """Seconds of one collective of `nbytes` per rank over `world` ranks (the module docstring's model)."""
-    one_of("collective kind", kind, SUPPORTED, hint=" (pipelines and FSDP are not modelled yet)")
+    """Seconds of one collective over `world` ranks of the whole tensor `nbytes` (the module docstring's model)."""
+    one_of("collective kind", kind, SUPPORTED, hint=" (broadcast and point-to-point are not modelled)")
     one_of("algorithm", algorithm, ALGORITHMS)
     positive_int("world", world)
     g = min(profile.gpus_per_node, world)
+    if kind != "all_reduce":      # half a ring all-reduce: (N-1) steps of S/N; across nodes the slowest link
+        link = profile.intra if world <= g else profile.inter
+        return (world - 1) * link.alpha + (world - 1) / world * nbytes * link.beta
     if world <= g:
         return allreduce_time(algorithm, nbytes, world, profile.intra.alpha, profile.intra.beta)
     nodes = math.ceil(world / g)
@@ -123,14 +129,18 @@ def replay(recording: Recording, profile: Profile, world: int | None = None, buc
     ranks = recording.ranks
     if bucket_mb is not None or (world > 1 and not any(e.stream == "comm" for e in ranks[0].events)):
         ranks = [rebucket(r, recording.params, bucket_mb or 25.0, world) for r in ranks]
-    times = [[_duration(e, profile, world, recording.world_size, algorithm, hierarchical) for e in r.events]
+    times = [[_duration(e, profile, world, recording.world_size, algorithm, hierarchical, recording.sharded)
+              for e in r.events]
              for r in ranks]
     ends = _schedule([r.events for r in ranks], times)
     return _prediction(recording, profile, world, ranks, times, ends, label)
 
 
-def _duration(e: Event, profile, world, recorded_world, algorithm, hierarchical) -> float:
+def _duration(e: Event, profile, world, recorded_world, algorithm, hierarchical, sharded) -> float:
     if e.stream == "compute":
+        if sharded and e.phase == "optimizer":   # FSDP: each rank updates its 1/world shard
+            share = recorded_world / world
+            return profile.op_seconds(e.flops * share, e.bytes * share, e.view, e.name)
         return profile.op_seconds(e.flops, e.bytes, e.view, e.name)
     group = world if e.group_size == recorded_world else e.group_size   # the whole group scales with world
     return collective_seconds(e.name, e.bytes, group, profile, algorithm, hierarchical)
