@@ -209,7 +209,8 @@ def test_bench_simulate_reports_the_error_of_each_prediction(ddp_recording, monk
     from course_lib.bench import simulate as bench
     monkeypatch.setattr(bench, "record_ddp", lambda world, **kw: ddp_recording)
     result = bench.run(quick=True)
-    assert [r["step"] for r in result.rows] == ["BucketedDDP, Net, 2 gloo ranks", "BucketedDDP, Net, 4 gloo ranks"]
+    assert [r["step"] for r in result.rows][:2] == ["BucketedDDP, Net, 2 gloo ranks", "BucketedDDP, Net, 4 gloo ranks"]
+    assert "H200" in result.rows[2]["step"] and result.summary["gpu_host_us_per_op"] > 0     # lecture 04, recorded
     for world in (2, 4):
         s = result.summary
         assert s[f"ddp{world}_error"] == pytest.approx(

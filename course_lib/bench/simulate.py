@@ -10,12 +10,20 @@ told) and replays each recording on that profile: the error of the prediction is
 replay knows nothing of the DDP run but its ops and all-reduces, so the error is what the model
 leaves out (gloo's threads competing with compute, the barrier, the OS). Aim: within 25% on a quiet
 machine; on a busy one, both sides move and the error says little.
+
+A GPU measurement shipped with the course is compared too: lecture 04's recorded training rate of Net
+on an H200 (batch 64, data resident on the GPU), against Net's step replayed on `h200_node`. Net's step
+is ~60 tiny kernels: on a GPU its time is the host's per-op cost (Python, dispatcher, autograd, the
+loop), not the 5 µs kernel launch the GPU profiles assume, so expect the replay far too fast there; the
+row prints the host time per op the measurement implies.
 """
 from __future__ import annotations
 
+from .. import recorded
 from ..env import torch_threads
-from ..simulate import calibrate, cpu_this_machine, record_ddp, record_single, replay
+from ..simulate import calibrate, cpu_this_machine, get_profile, replay
 from ..simulate.profiles import cores
+from ..simulate.record import record_ddp, record_single
 from .result import BenchResult
 
 
@@ -39,6 +47,31 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
         summary[f"ddp{world}_predicted_ms"] = pred.step_s * 1e3
         summary[f"ddp{world}_error"] = error
     summary["profile"] = profile.source
+    gpu_row = _recorded_gpu(summary)
+    rows += [gpu_row] if gpu_row else []
+    if "gpu_host_us_per_op" in summary:
+        title_gpu = f"; the {summary['gpu_device']} step implies {summary['gpu_host_us_per_op']:.0f} µs of host time per op"
+    else:
+        title_gpu = "; no recorded GPU result"
     title = (f"replayed vs measured step, Net, batch {batch} per rank (random images: no data set), on this machine "
-             f"({cores()} cores); profile: {profile.source}")
+             f"({cores()} cores); profile: {profile.source}{title_gpu}")
     return BenchResult(title, rows, summary)
+
+
+def _recorded_gpu(summary: dict) -> dict | None:
+    """Lecture 04's recorded H200 rate of Net against Net's step replayed on h200_node; None without it."""
+    gpu = recorded.load("04_single_gpu")
+    rate = (recorded.values("04_single_gpu", "rates") or {}).get("TensorLoader on device")
+    if not (gpu and rate):
+        return None
+    measured = 64 / rate
+    net = record_single("net", batch=64, steps=1)
+    pred = replay(net, get_profile("h200_node"))
+    error = (pred.step_s - measured) / measured
+    ops = sum(e.stream == "compute" and not e.view for e in net.ranks[0].events)
+    summary.update(gpu_measured_ms=measured * 1e3, gpu_predicted_ms=pred.step_s * 1e3, gpu_error=error,
+                   gpu_device=gpu["meta"]["device"], gpu_host_us_per_op=measured / ops * 1e6)
+    return {"step": f"Net, batch 64, 1 {gpu['meta']['device']} (recorded {gpu['meta']['date']})",
+            "measured ms": round(measured * 1e3, 3), "predicted ms": round(pred.step_s * 1e3, 3),
+            "error": f"{error:+.0%}", "compute ms": round(pred.compute_s * 1e3, 3), "exposed comm ms": 0.0,
+            "all-reduces": 0}

@@ -81,6 +81,14 @@ def h100_node() -> Profile:
                    _link("InfiniBand NDR"), source=f"{chip.source}; costmodel.LINKS", async_launch=True)
 
 
+def h200_node() -> Profile:
+    """HGX H200: as h100_node with H200 SXM chips (same 989 TFLOP/s bf16 dense; 141 GB HBM3e at 4.8 TB/s:
+    NVIDIA H200 datasheet, 2024, via hardware.CHIPS) and the same NVLink4 and NDR links."""
+    chip = _chip("NVIDIA H200 SXM")
+    return replace(h100_node(), name="h200_node", peak_flops=chip.bf16_tflops * 1e12, mem_GBps=chip.bandwidth_gbs,
+                   source=f"{chip.source}; costmodel.LINKS")
+
+
 def a100_node() -> Profile:
     """DGX A100: 8 x A100 80GB SXM, 312 TFLOP/s bf16 dense and 2,039 GB/s HBM2e (NVIDIA A100 datasheet,
     2021), NVLink3 300 GB/s per direction (A100 datasheet: 600 GB/s both ways), one 200 Gb/s HDR
@@ -190,7 +198,7 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-PROFILES = {"h100_node": h100_node, "a100_node": a100_node, "b200_node": b200_node,
+PROFILES = {"h100_node": h100_node, "h200_node": h200_node, "a100_node": a100_node, "b200_node": b200_node,
             "cloud_vm_25gbe": cloud_vm_25gbe, "cpu_this_machine": cpu_this_machine}
 
 
