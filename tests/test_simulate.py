@@ -139,7 +139,7 @@ def test_cli_replays_a_cached_recording(ddp_recording, tmp_path, capsys):
 
 def test_bad_arguments_name_the_allowed_values():
     with pytest.raises(ValueError, match="h100_node"):
-        get_profile("h200_node")
+        get_profile("h300_node")
     with pytest.raises(ValueError, match="ddp"):
         check_strategy("pipeline", 8)
     with pytest.raises(ValueError, match="gpt2"):
@@ -208,9 +208,12 @@ def test_a_gpt_shaped_step_records_on_the_meta_device_as_flop_counter_counts_it(
 def test_bench_simulate_reports_the_error_of_each_prediction(ddp_recording, monkeypatch):
     from course_lib.bench import simulate as bench
     monkeypatch.setattr(bench, "record_ddp", lambda world, **kw: ddp_recording)
+    monkeypatch.setattr(bench, "compare_measured", lambda *a, **kw: {      # test_simulate_pipeline runs it
+        "measured_s": 0.2, "predicted_s": 0.15, "error": -0.25, "measured_bubble": 0.3, "predicted_bubble": 0.2})
     result = bench.run(quick=True)
     assert [r["step"] for r in result.rows][:2] == ["BucketedDDP, Net, 2 gloo ranks", "BucketedDDP, Net, 4 gloo ranks"]
-    assert "H200" in result.rows[2]["step"] and result.summary["gpu_host_us_per_op"] > 0     # lecture 04, recorded
+    assert result.rows[2]["error"] == "-25%" and result.summary["pipeline_bubble_measured"] == 0.3
+    assert "H200" in result.rows[3]["step"] and result.summary["gpu_host_us_per_op"] > 0     # lecture 04, recorded
     for world in (2, 4):
         s = result.summary
         assert s[f"ddp{world}_error"] == pytest.approx(

@@ -7,6 +7,8 @@ Calibrates `simulate.cpu_this_machine` once: roofs measured now (a matmul, a cop
 step of Net timed op by op (`simulate.calibrate`). Then records the course's BucketedDDP step of Net
 on 2 and 4 gloo ranks (each rank one thread; 4 ranks on 2 cores share them, which the calibration is
 told) and replays each recording on that profile: the error of the prediction is the result. The
+same for lecture 09's 2-stage GPipe step (`simulate.pipeline.compare_measured`: its profile is
+measured on the launched ranks, roofline only). The
 replay knows nothing of the DDP run but its ops and all-reduces, so the error is what the model
 leaves out (gloo's threads competing with compute, the barrier, the OS). Aim: within 25% on a quiet
 machine; on a busy one, both sides move and the error says little.
@@ -21,7 +23,13 @@ from __future__ import annotations
 
 from .. import recorded
 from ..env import torch_threads
-from ..simulate import calibrate, cpu_this_machine, get_profile, replay
+from ..simulate import (
+    calibrate,
+    compare_measured,
+    cpu_this_machine,
+    get_profile,
+    replay,
+)
 from ..simulate.profiles import cores
 from ..simulate.record import record_ddp, record_single
 from .result import BenchResult
@@ -47,6 +55,13 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
         summary[f"ddp{world}_predicted_ms"] = pred.step_s * 1e3
         summary[f"ddp{world}_error"] = error
     summary["profile"] = profile.source
+    pipe = compare_measured("gpipe", 4, steps=2 if quick else 5, batch=128 if quick else 256)
+    rows.append({"step": "GPipe, 2 stages, 4 micro-batches (lecture 09's MLP)",
+                 "measured ms": round(pipe["measured_s"] * 1e3, 2), "predicted ms": round(pipe["predicted_s"] * 1e3, 2),
+                 "error": f"{pipe['error']:+.0%}", "compute ms": "-", "exposed comm ms": "-", "all-reduces": 0})
+    summary.update(pipeline_measured_ms=pipe["measured_s"] * 1e3, pipeline_predicted_ms=pipe["predicted_s"] * 1e3,
+                   pipeline_error=pipe["error"], pipeline_bubble_measured=pipe["measured_bubble"],
+                   pipeline_bubble_predicted=pipe["predicted_bubble"])
     gpu_row = _recorded_gpu(summary)
     rows += [gpu_row] if gpu_row else []
     if "gpu_host_us_per_op" in summary:

@@ -11,12 +11,16 @@
 - `replay`: compute and comm streams per device; roofline time per op, α–β time per collective.
 - `profiles`: H100/A100/B200 nodes, a 25 GbE cloud VM (sourced figures), and this CPU (`cpu_this_machine`,
   then `calibrate` per op kind on one measured step).
+- `pipeline`: GPipe and 1F1B replayed from each stage's recorded micro-batch (`record_stages`,
+  `replay_pipeline`), and lecture 09's 2-stage step measured against its replay (`compare_measured`).
 - `shapes`: GPT-2 small recorded by shape on the meta device (no weights, no arithmetic).
 Command line: `python -m course_lib.simulate --strategy ddp --world 64 --profile h100_node`.
 """
+from .pipeline import RecordedPipeline, compare_measured, record_stages, replay_pipeline
 from .profiles import PROFILES, Link, Profile, calibrate, cpu_this_machine, get_profile
 from .record import Event, RankTrace, Recording, record_ddp, record_fsdp, record_single
 from .replay import Prediction, collective_seconds, rebucket, replay, sweep
 
 __all__ = ["PROFILES", "Link", "Profile", "calibrate", "cpu_this_machine", "get_profile", "Event", "RankTrace", "Recording",
-           "record_ddp", "record_fsdp", "record_single", "Prediction", "collective_seconds", "rebucket", "replay", "sweep"]
+           "record_ddp", "record_fsdp", "record_single", "RecordedPipeline", "compare_measured",
+           "record_stages", "replay_pipeline", "Prediction", "collective_seconds", "rebucket", "replay", "sweep"]
