@@ -3,9 +3,14 @@ import math
 
 import pytest
 import torch
-
-from course_lib.checks.nb12 import check_global_masks, check_magnitude_mask, check_neurons_to_keep
 from nbtools import ROOT, notebook_namespace
+
+from course_lib.checks.nb12 import (
+    check_global_masks,
+    check_magnitude_mask,
+    check_neurons_to_keep,
+    check_two_four_mask,
+)
 
 NS = notebook_namespace(ROOT / "solutions" / "12_pruning_exercises.ipynb")
 
@@ -18,9 +23,11 @@ def test_reference_solutions_pass():
     check_magnitude_mask(NS["magnitude_mask"])
     check_global_masks(NS["global_masks"])
     check_neurons_to_keep(NS["neurons_to_keep"])
+    check_two_four_mask(NS["two_four_mask"])
 
 
-@pytest.mark.parametrize("check", [check_magnitude_mask, check_global_masks, check_neurons_to_keep])
+@pytest.mark.parametrize("check", [check_magnitude_mask, check_global_masks, check_neurons_to_keep,
+                                   check_two_four_mask])
 def test_stubs_fail(check):
     with pytest.raises(NotImplementedError):
         check(stub)
@@ -209,3 +216,86 @@ def test_other_right_answers_pass():
 
     check_global_masks(global_by_threshold_index)
     check_neurons_to_keep(keep_by_linalg)
+
+
+# --- two_four_mask -----------------------------------------------------------------------------
+
+def top2(scores, largest=True):
+    """2 of every 4 consecutive along the last dim, by topk of `scores`."""
+    groups = scores.reshape(-1, 4)
+    keep = groups.topk(2, dim=1, largest=largest).indices
+    return torch.zeros_like(groups, dtype=torch.bool).scatter_(1, keep, True).reshape(scores.shape)
+
+
+def keeps_the_smallest(weight):
+    return top2(weight.abs(), largest=False)
+
+
+def signed_values(weight):
+    return top2(weight)
+
+
+def groups_down_columns(weight):                  # groups of 4 consecutive rows: the output dim
+    return top2(weight.abs().t().contiguous()).t()
+
+
+def strided_groups(weight):                        # reshape(rows, 4, -1): entries j, j + in/4, ...
+    rows, cols = weight.shape
+    scores = weight.abs().reshape(rows, 4, cols // 4).transpose(1, 2)
+    return top2(scores.contiguous()).transpose(1, 2).reshape(rows, cols)
+
+
+def per_row_half(weight):                          # unstructured within each row
+    keep = weight.abs().topk(weight.shape[1] // 2, dim=1).indices
+    return torch.zeros_like(weight, dtype=torch.bool).scatter_(1, keep, True)
+
+
+def threshold_keeps_ties(weight):                  # |w| >= 2nd largest of the group: 3 or 4 on ties
+    groups = weight.abs().reshape(-1, 4)
+    second = groups.sort(dim=1, descending=True).values[:, 1:2]
+    return (groups >= second).reshape(weight.shape)
+
+
+def strict_threshold_drops_ties(weight):           # |w| > 3rd largest: 1 (or 0) on ties
+    groups = weight.abs().reshape(-1, 4)
+    third = groups.sort(dim=1, descending=True).values[:, 2:3]
+    return (groups > third).reshape(weight.shape)
+
+
+def float_kept_as_zeros(weight):
+    return (~NS["two_four_mask"](weight)).float()
+
+
+def abs_in_place_24(weight):
+    return NS["two_four_mask"](weight.abs_())
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (keeps_the_smallest, "smallest"),
+    (groups_down_columns, "down the columns"),
+    (strided_groups, "consecutive"),
+    (per_row_half, "unstructured pruning per row"),
+    (threshold_keeps_ties, r"tied magnitudes, groups .* keep \[4, 3, "),
+    (strict_threshold_drops_ties, r"tied magnitudes, groups .* keep \[0, 1, "),
+    (signed_values, "magnitude, not signed"),
+    (float_kept_as_zeros, "smallest"),
+    (abs_in_place_24, "changed the weights"),
+])
+def test_wrong_two_four_masks_fail(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        check_two_four_mask(wrong)
+
+
+def test_other_two_four_masks_pass():
+    def by_sort(weight):                           # stable sort, ranks compared, 0/1 floats
+        groups = weight.abs().reshape(weight.shape[0], -1, 4)
+        order = groups.argsort(dim=-1, descending=True, stable=True)
+        ranks = order.argsort(dim=-1)
+        return (ranks < 2).float().reshape(weight.shape)
+
+    def by_library(weight):
+        from course_lib.compression.semi_structured import nm_mask
+        return nm_mask(weight, 2, 4)
+
+    check_two_four_mask(by_sort)
+    check_two_four_mask(by_library)

@@ -1,9 +1,15 @@
 """The checks of exercise notebook 13 pass the reference solutions and fail stubs and wrong answers."""
 import pytest
 import torch
-
-from course_lib.checks.nb13 import check_fake_quant_ste, check_kmeans_quantize, check_linear_qparams, check_linear_quantize
 from nbtools import ROOT, notebook_namespace
+
+from course_lib.checks.nb13 import (
+    check_fake_quant_ste,
+    check_int4_group_quantize,
+    check_kmeans_quantize,
+    check_linear_qparams,
+    check_linear_quantize,
+)
 
 NS = notebook_namespace(ROOT / "solutions" / "13_quantization_exercises.ipynb")
 quantize, dequantize = NS["linear_quantize"], NS["linear_dequantize"]
@@ -21,7 +27,8 @@ def test_reference_solutions_pass():
 
 
 def test_the_library_versions_pass_too():
-    from course_lib.compression import kmeans, quantization as Q
+    from course_lib.compression import kmeans
+    from course_lib.compression import quantization as Q
 
     check_linear_quantize(lambda x, s, z, lo, hi: x.mul(1 / torch.tensor(s)).round().add(z).clamp(lo, hi).int(),
                           lambda q, s, z: (q.float() - z) * s)
@@ -226,3 +233,84 @@ class Round(torch.autograd.Function):
 def test_ste_with_clamps_gradient_fails_at_the_end_codes():   # torch.clamp gives no gradient AT its bounds
     with pytest.raises(AssertionError, match="clamp's own gradient"):
         check_fake_quant_ste(lambda x, s, z, lo, hi: (Round.apply(x / s) + z).clamp(lo, hi).sub(z).mul(s))
+
+
+# ---- exercise 5: the int4 group quantizer with packing ----------------------------------------------
+def int4_variant(w, G, axis_last=True, symmetric=False, levels=15, clamp_max=15, per_row=False, swap=False, pack=True):
+    """A parametrised int4 group quantizer: the defaults are right; each argument makes one plausible mistake."""
+    out, n = w.shape
+    if not axis_last:                                        # groups of G consecutive OUTPUT channels
+        groups = w.t().reshape(n, out // G, G)
+    elif per_row:
+        groups = w.reshape(out, 1, n)
+    else:
+        groups = w.reshape(out, n // G, G)
+    if symmetric:
+        scale = groups.abs().amax(-1) / 7.5
+        zero = torch.full_like(scale, 8)
+    else:
+        lo, hi = groups.amin(-1).clamp(max=0), groups.amax(-1).clamp(min=0)
+        scale = (hi - lo) / levels
+        zero = torch.round(-lo / scale)
+    codes = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, clamp_max).to(torch.uint8)
+    codes = codes.reshape(n, out).t() if not axis_last else codes.reshape(out, n)
+    if not pack:
+        return codes, scale, zero
+    low, high = (codes[:, 1::2], codes[:, 0::2]) if swap else (codes[:, 0::2], codes[:, 1::2])
+    return low | (high << 4), scale, zero
+
+
+def int4_signed_no_zero(w, G):                               # codes -8..7, no zero point at all
+    out, n = w.shape
+    groups = w.reshape(out, n // G, G)
+    scale = groups.abs().amax(-1) / 7.5
+    codes = torch.round(groups / scale[..., None]).clamp(-8, 7).to(torch.int8).reshape(out, n)
+    nibbles = (codes & 15).to(torch.uint8)
+    return nibbles[:, 0::2] | (nibbles[:, 1::2] << 4), scale, torch.zeros_like(scale)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda w, G: int4_variant(w, G, axis_last=False), "INPUT channels"),
+    (lambda w, G: int4_variant(w, G, symmetric=True), "SYMMETRIC"),
+    (int4_signed_no_zero, "SYMMETRIC"),
+    (lambda w, G: int4_variant(w, G, swap=True), "nibble order"),
+    (lambda w, G: int4_variant(w, G, levels=16), "not 0..16"),
+    (lambda w, G: int4_variant(w, G, clamp_max=14), "not 0..14"),
+    (lambda w, G: int4_variant(w, G, levels=14, clamp_max=14), "not 0..14"),
+    (lambda w, G: int4_variant(w, G, per_row=True), "one per row"),
+    (lambda w, G: int4_variant(w, G, pack=False), "one code per byte"),
+])
+def test_wrong_int4_answers_fail_with_a_reason(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        check_int4_group_quantize(wrong)
+
+
+def test_int4_stub_fails_and_right_variants_pass():
+    with pytest.raises(NotImplementedError):
+        check_int4_group_quantize(stub)
+    check_int4_group_quantize(NS["int4_group_quantize"])
+    check_int4_group_quantize(int4_variant)
+
+    def python_loops(w, G):                                  # group by group, packed with view and arithmetic
+        out, n = w.shape
+        scale, zero = torch.empty(out, n // G, dtype=torch.float64), torch.empty(out, n // G, dtype=torch.int64)
+        codes = torch.empty(out, n, dtype=torch.int64)
+        for r in range(out):
+            for j in range(n // G):
+                group = w[r, j * G:(j + 1) * G].double()
+                lo, hi = min(group.min().item(), 0.0), max(group.max().item(), 0.0)
+                scale[r, j] = (hi - lo) / 15
+                zero[r, j] = 0 - round(lo / scale[r, j].item())
+                codes[r, j * G:(j + 1) * G] = (group / scale[r, j] + zero[r, j]).round().clamp(0, 15).long()
+        pairs = codes.view(out, n // 2, 2)
+        return (pairs[..., 0] + 16 * pairs[..., 1]).to(torch.uint8), scale, zero
+
+    check_int4_group_quantize(python_loops)
+
+    from course_lib.compression import int4
+
+    def library(w, G):
+        codes, scale, zero = int4.quantize(w, G, scale_dtype=torch.float32)
+        return int4.pack(codes), scale, zero
+
+    check_int4_group_quantize(library)

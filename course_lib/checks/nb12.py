@@ -1,8 +1,9 @@
-"""Checks for solutions/12_pruning_exercises.ipynb: magnitude masks, global masks, structured pruning.
+"""Checks for solutions/12_pruning_exercises.ipynb: magnitude masks, global masks, structured pruning, 2:4.
 
 Every expected answer comes from torch.nn.utils.prune itself (l1_unstructured, global_unstructured,
 ln_structured) applied to the same weights, plus two properties where ties leave torch's choice
-open: exactly round(amount * numel) weights go, and no pruned |w| is larger than a kept one.
+open: exactly round(amount * numel) weights go, and no pruned |w| is larger than a kept one. The 2:4
+mask is checked by behaviour: each plausible wrong grouping is recognised and named.
 """
 from __future__ import annotations
 
@@ -169,3 +170,93 @@ def check_neurons_to_keep(neurons_to_keep) -> None:
                "by its L2 norm (weight.norm(dim=1)) and keep the largest: not the weakest rows, and not the L1 norm, "
                "which ranks one big weight below many small ones.")
     passed("neurons_to_keep")
+
+
+# --- the 2:4 mask --------------------------------------------------------------------------------
+
+def _kept_per_group(mask: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """How many of each group's positions the mask keeps; groups: [G, 4] flat indices."""
+    return mask.reshape(-1)[groups].sum(dim=1)
+
+
+def _groups(rows: int, cols: int, how: str) -> torch.Tensor:
+    """[G, 4] flat indices of a [rows, cols] matrix: 4 consecutive in a row ("row"), 4 consecutive rows of a
+    column ("column"), or a row's elements j, j + cols/4, j + 2 cols/4, j + 3 cols/4 ("strided")."""
+    index = torch.arange(rows * cols).reshape(rows, cols)
+    if how == "row":
+        return index.reshape(-1, 4)
+    if how == "column":
+        return index.t().reshape(-1, 4)
+    return index.reshape(rows, 4, cols // 4).transpose(1, 2).reshape(-1, 4)
+
+
+def _top2_of_4(scores: torch.Tensor) -> torch.Tensor:
+    """The 2 largest scores of every 4 consecutive along the last dim (the weights here have no ties)."""
+    groups = scores.reshape(-1, 4)
+    mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, groups.topk(2, dim=1).indices, True)
+    return mask.reshape(scores.shape)
+
+
+def _as_bool_mask(mask, weight: torch.Tensor, what: str) -> torch.Tensor:
+    expect(isinstance(mask, torch.Tensor), f"{what} returned {type(mask).__name__}; expected a torch.Tensor mask")
+    expect(mask.shape == weight.shape,
+           f"{what}: the mask has shape {tuple(mask.shape)}; it must have the weight's shape {tuple(weight.shape)}")
+    expect(mask.dtype == torch.bool or bool(((mask == 0) | (mask == 1)).all()),
+           f"{what}: a mask holds only True/1 (kept) and False/0 (pruned)")
+    return mask.detach().bool()
+
+
+def _expect_two_four(mask: torch.Tensor, weight: torch.Tensor, what: str) -> None:
+    """Diagnose the grouping first (each wrong grouping names itself), then the choice inside groups."""
+    rows, cols = weight.shape
+    counts = _kept_per_group(mask, _groups(rows, cols, "row"))
+    if not bool(counts.eq(2).all()):
+        per_row = mask.sum(dim=1)
+        if bool(_kept_per_group(mask, _groups(rows, cols, "column")).eq(2).all()):
+            hint = ("your groups of 4 run down the columns (the output dim, dim 0). A Linear weight is [out, in]: "
+                    "the groups run along the input dim, the last one (4 consecutive entries of a row).")
+        elif bool(_kept_per_group(mask, _groups(rows, cols, "strided")).eq(2).all()):
+            hint = ("your groups are entries cols/4 apart (reshape(rows, 4, -1) groups j, j + cols/4, ...). A group "
+                    "is 4 *consecutive* entries of a row: reshape(rows, -1, 4), or reshape(-1, 4).")
+        elif bool(per_row.eq(cols // 2).all()):
+            hint = ("each row keeps half its weights, but not 2 in every group of 4: that is unstructured pruning "
+                    "per row, which the hardware cannot use. Rank the 4 weights of each group among themselves.")
+        else:
+            hint = "split every row into groups of 4 consecutive weights and keep exactly 2 of each."
+        bad = int((~counts.eq(2)).nonzero()[0])
+        expect(False, f"{what}: group {bad} (row {bad // (cols // 4)}, columns {4 * (bad % (cols // 4))}.."
+                      f"{4 * (bad % (cols // 4)) + 3}) keeps {int(counts[bad])} of 4; Hint: {hint}")
+    want = _top2_of_4(weight.abs())
+    if not torch.equal(mask, want):
+        if torch.equal(mask, ~want):
+            hint = "you kept the 2 *smallest* of every 4: keep the 2 largest |w| (topk(2), largest=True)."
+        elif torch.equal(mask, _top2_of_4(weight)):
+            hint = "rank by magnitude, not signed value: -3.0 is a large weight, keep it (weight.abs() first)."
+        else:
+            hint = "in each group of 4 keep the 2 entries of largest |w|."
+        expect(False, f"{what}: {int((mask != want).sum())} positions differ from the 2 largest |w| of every 4. "
+                      f"Hint: {hint}")
+
+
+def check_two_four_mask(two_four_mask) -> None:
+    """`two_four_mask(weight [out, in])` -> bool mask keeping the 2 largest |w| of every 4 consecutive along `in`."""
+    for seed, shape in enumerate(((8, 16), (6, 32), (12, 8), (300, 784))):
+        weight = _weights(shape, seed=40 + seed)
+        what = f"two_four_mask(weight of shape {shape})"
+        mask = _as_bool_mask(_call(lambda w, _: two_four_mask(w), weight, None, what), weight, what)
+        _expect_two_four(mask, weight, what)
+    ties = torch.tensor([[1.0, 1.0, 1.0, 1.0, 2.0, -1.0, 1.0, 0.5],
+                         [-0.5, 2.0, -2.0, 2.0, 0.0, 0.0, 0.0, 0.0],
+                         [3.0, -1.0, 1.0, -1.0, 1.0, 1.0, -4.0, 1.0]])
+    what = f"two_four_mask({ties.tolist()})"
+    mask = _as_bool_mask(_call(lambda w, _: two_four_mask(w), ties, None, what), ties, what)
+    counts = mask.reshape(-1, 4).sum(dim=1)
+    bad = [i for i, c in enumerate(counts.tolist()) if c != 2]
+    expect(not bad, f"{what}: with tied magnitudes, groups {bad} keep {[int(counts[i]) for i in bad]} weights; "
+                    "exactly 2 of every 4 must stay even when |w| ties (a threshold |w| >= 2nd largest keeps every "
+                    "tie; take the top 2 by index: topk or a sort).")
+    groups, kept = ties.abs().reshape(-1, 4), mask.reshape(-1, 4)
+    expect(bool((groups.masked_fill(~kept, float("inf")).min(1).values
+                 >= groups.masked_fill(kept, -1.0).max(1).values).all()),
+           f"{what}: some group keeps a smaller |w| than one it drops (ties may go either way, sizes may not).")
+    passed("two_four_mask")

@@ -1,8 +1,9 @@
 """Checks for solutions/13_quantization_exercises.ipynb: linear quantization, fake-quant with a
-straight-through estimator, k-means weight sharing.
+straight-through estimator, k-means weight sharing, the group-wise int4 quantizer with packing.
 
 Compared against PyTorch's own torch.fake_quantize_per_tensor_affine (values and gradient), its
-MinMaxObserver where this torch still has one, and the properties Lloyd's algorithm guarantees.
+MinMaxObserver where this torch still has one, the properties Lloyd's algorithm guarantees, and for
+int4 the behaviour the format fixes (shapes, nibble order, the grid, |w - w_hat| <= scale / 2).
 """
 from __future__ import annotations
 
@@ -226,3 +227,78 @@ def check_kmeans_quantize(kmeans_quantize) -> None:
         expect(err <= bound + 1e-9, f"k={k}: mean squared error {err:.3g} is worse than the linear start's "
                f"{bound:.3g}: Lloyd's iterations can only lower it.")
     passed("kmeans_quantize")
+
+
+def _int4_weight(out: int, cols: int, seed: int) -> torch.Tensor:
+    """Not centred on 0 (asymmetric matters), an outlier, a group of one sign; no all-zero group."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out, cols, generator=g) * 0.05 + 0.03
+    w[1, 3] = 0.7
+    w[2, :8] = torch.rand(8, generator=g) + 0.2
+    return w
+
+
+def _int4_shapes(got, out: int, cols: int, G: int):
+    expect(isinstance(got, tuple) and len(got) == 3, "int4_group_quantize must return (packed, scale, zero)")
+    packed, scale, zero = (torch.as_tensor(t) for t in got)
+    groups = cols // G
+    expect(packed.dtype == torch.uint8, f"packed must be a uint8 tensor; got {packed.dtype}")
+    expect(tuple(packed.shape) != (out, cols), f"packed has shape {(out, cols)}: one code per byte. Pack two "
+           "4-bit codes into each byte: [out, in // 2], code 2k | code 2k+1 << 4.")
+    expect(tuple(packed.shape) == (out, cols // 2), f"packed has shape {tuple(packed.shape)}; expected "
+           f"{(out, cols // 2)}: two codes per byte along each row (the input dimension).")
+    for t, what in ((scale, "scale"), (zero, "zero")):
+        shape = tuple(t.shape)
+        expect(shape not in ((out,), (out, 1)), f"{what} has shape {shape}: one per row (per channel). Group-wise "
+               f"means one per group of {G} consecutive input channels: shape {(out, groups)}.")
+        expect(shape == (out, groups), f"{what} has shape {shape}; expected {(out, groups)}: groups of {G} "
+               "consecutive INPUT channels, along the last dim of the [out, in] weight (not along the output "
+               "dim: a matmul sums over the input dim, and a group's scale must apply to one row's slice).")
+    expect(scale.is_floating_point(), f"scale must be a float tensor; got {scale.dtype}")
+    expect(bool((zero.double() == zero.double().round()).all()), "zero points must be integers (round them)")
+    return packed, scale.double(), zero.double().round().long()
+
+
+def check_int4_group_quantize(int4_group_quantize) -> None:
+    """`int4_group_quantize(w, group_size) -> (packed uint8 [out, in // 2], scale [out, in // G],
+    zero [out, in // G])`: asymmetric int4 per group of input channels, low nibble first."""
+    for out, cols, G, seed in ((64, 256, 32, 0), (6, 48, 8, 1), (10, 256, 128, 2)):
+        w = _int4_weight(out, cols, seed)
+        packed, scale, zero = _int4_shapes(int4_group_quantize(w.clone(), G), out, cols, G)
+        grouped = w.double().reshape(out, -1, G)
+        lo, hi = grouped.amin(-1).clamp(max=0), grouped.amax(-1).clamp(min=0)
+        step = (hi - lo) / 15
+        ratio = (scale / step).median().item()
+        expect(abs(ratio - 15 / 16) > 1e-3, "scale = (hi - lo) / 16: 16 levels 0..15 are 15 steps, so "
+               "scale = (hi - lo) / 15 (range 0..15, not 0..16).")
+        expect(abs(ratio - 15 / 14) > 1e-3, "scale = (hi - lo) / 14: the codes run 0..15, 15 steps: "
+               "scale = (hi - lo) / 15 (clamp to 0..15, not 0..14).")
+        sym = (grouped.abs().amax(-1) / 7.5, grouped.abs().amax(-1) / 7, grouped.abs().amax(-1) / 8)
+        expect(not (bool((zero == 8).all()) or any(torch.allclose(scale, s, rtol=1e-4) for s in sym)),
+               "this is SYMMETRIC quantization (zero point fixed at 8, scale from max|w|): on a group of one sign "
+               "it wastes half of the 16 levels. Asymmetric: lo = min(group min, 0), hi = max(group max, 0), "
+               "scale = (hi - lo) / 15, zero = round(-lo / scale).")
+        expect(torch.allclose(scale, step, rtol=1e-5, atol=0),
+               f"scale differs from (hi - lo) / 15 per group (largest ratio {(scale / step).max().item():.4g}). "
+               "Hint: lo = min(group min, 0), hi = max(group max, 0), one value per group of G input channels.")
+        expect(bool(((zero - (-lo / scale)).abs() <= 0.5 + 1e-6).all()) and int(zero.min()) >= 0 and int(zero.max()) <= 15,
+               "zero must be round(-lo / scale), an integer in 0..15 (the code that stands for 0.0).")
+        low_first = torch.stack([packed & 15, packed >> 4], -1).flatten(1).long().reshape(out, -1, G)
+        high_first = torch.stack([packed >> 4, packed & 15], -1).flatten(1).long().reshape(out, -1, G)
+        v = grouped / scale[..., None] + zero[..., None]
+        want = v.round().clamp(0, 15)
+        tie = ((v - v.floor()) - 0.5).abs() < 1e-4                 # either neighbour of a half is right
+        ok = lambda codes: bool(((codes == want) | (tie & ((codes - v).abs() <= 0.5 + 1e-4))).all())  # noqa: E731
+        if not ok(low_first):
+            expect(not ok(high_first), "nibble order: element 2k must go in the LOW nibble (bits 0-3) and "
+                   "element 2k+1 in the HIGH nibble (bits 4-7): byte = code[2k] | code[2k+1] << 4.")
+            expect(not (int(low_first.max()) <= 14 and bool((want == 15).any())),
+                   "no code is 15: clamp the codes to 0..15, not 0..14 (2^4 = 16 levels).")
+            bad = ~((low_first == want) | tie)
+            expect(False, f"G={G}: {int(bad.sum())} codes differ from clamp(round(w / scale) + zero, 0, 15) of "
+                   "their group (unpacked low nibble first). Hint: round to nearest, ADD the zero point, clamp to 0..15.")
+        w_hat = (low_first - zero[..., None]) * scale[..., None]
+        worst = ((w_hat - grouped).abs() / (scale[..., None] / 2)).max().item()
+        expect(worst <= 1 + 1e-4, f"G={G}: a weight is {worst:.3g} half-steps from its dequantized value "
+               "(code - zero) * scale; at most 1 is allowed.")
+    passed("int4_group_quantize")
