@@ -184,7 +184,8 @@ GPU_PEAKS_TFLOPS = (
 
 class Chip(NamedTuple):
     """Datasheet figures of one processor: memory (GB, None for DIMMs), bandwidth (GB/s), dense
-    peaks (TFLOP/s, no sparsity; None where the vendor gives none) and the datasheet they come from."""
+    peaks (TFLOP/s, no sparsity; None where the vendor gives none) and the datasheet they come from
+    (FP4 from the same datasheet)."""
 
     name: str
     kind: str
@@ -193,6 +194,7 @@ class Chip(NamedTuple):
     bf16_tflops: float | None
     fp8_tflops: float | None
     source: str
+    fp4_tflops: float | None = None      # dense FP4 (NVFP4/MXFP4): Blackwell and MI355X only
 
 
 def ddr_bandwidth_gbs(channels: int, mega_transfers: int) -> float:
@@ -208,10 +210,13 @@ def ddr_bandwidth_gbs(channels: int, mega_transfers: int) -> float:
 CHIPS = (
     Chip("NVIDIA H100 SXM", "GPU", 80, 3350, 989, 1979, "NVIDIA H100 Tensor Core GPU datasheet (2023)"),
     Chip("NVIDIA H200 SXM", "GPU", 141, 4800, 989, 1979, "NVIDIA H200 Tensor Core GPU datasheet (2024)"),
-    Chip("NVIDIA B200 (HGX)", "GPU", 180, 8000, 2250, 4500, "NVIDIA HGX B200 / DGX B200 datasheets (2024)"),
-    Chip("NVIDIA GB200 (per GPU)", "GPU", 186, 8000, 2500, 5000, "NVIDIA GB200 NVL72 datasheet (2024), / 72"),
+    Chip("NVIDIA B200 (HGX)", "GPU", 180, 8000, 2250, 4500, "NVIDIA HGX B200 / DGX B200 datasheets (2024)",
+         fp4_tflops=9000),
+    Chip("NVIDIA GB200 (per GPU)", "GPU", 186, 8000, 2500, 5000, "NVIDIA GB200 NVL72 datasheet (2024), / 72",
+         fp4_tflops=10000),
     Chip("AMD Instinct MI300X", "GPU", 192, 5300, 1307, 2615, "AMD Instinct MI300X data sheet (2023)"),
-    Chip("AMD Instinct MI355X", "GPU", 288, 8000, 2500, 5000, "AMD Instinct MI355X data sheet (2025)"),
+    Chip("AMD Instinct MI355X", "GPU", 288, 8000, 2500, 5000, "AMD Instinct MI355X data sheet (2025)",
+         fp4_tflops=10000),
     Chip("Google TPU v5p", "TPU", 95, 2765, 459, None, "Google Cloud TPU v5p documentation (2023)"),
     Chip("Google TPU v6e (Trillium)", "TPU", 32, 1640, 918, None, "Google Cloud TPU v6e documentation (2024)"),
     Chip("Google TPU v7 (Ironwood)", "TPU", 192, 7370, None, 4614, "Google Cloud Ironwood announcement (Apr 2025)"),
@@ -228,11 +233,12 @@ def chips_table() -> str:
     """CHIPS as aligned text, one row per chip, for printing."""
     def fmt(v, width):
         return f"{'-' if v is None else f'{v:,.0f}':>{width}}"
-    lines = [f"{'chip':29} {'kind':4} {'memory GB':>9} {'GB/s':>6} {'bf16 TF/s':>9} {'fp8 TF/s':>8}  source"]
+    lines = [f"{'chip':29} {'kind':4} {'memory GB':>9} {'GB/s':>6} {'bf16 TF/s':>9} {'fp8 TF/s':>8} "
+             f"{'fp4 TF/s':>8}  source"]
     for c in CHIPS:
         memory = "DIMMs" if c.memory_gb is None else f"{c.memory_gb:,.0f}"
         lines.append(f"{c.name:29} {c.kind:4} {memory:>9} {fmt(c.bandwidth_gbs, 6)} {fmt(c.bf16_tflops, 9)} "
-                     f"{fmt(c.fp8_tflops, 8)}  {c.source}")
+                     f"{fmt(c.fp8_tflops, 8)} {fmt(c.fp4_tflops, 8)}  {c.source}")
     return "\n".join(lines)
 
 

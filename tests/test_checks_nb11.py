@@ -1,9 +1,14 @@
 """The checks of exercise notebook 11 pass the reference solutions and fail stubs and wrong answers."""
 import pytest
 import torch
-
-from course_lib.checks.nb11 import check_fp16_flush_and_overflow, check_scale_schedule, check_unscale_and_check
 from nbtools import ROOT, notebook_namespace
+
+from course_lib.checks.nb11 import (
+    check_fp16_flush_and_overflow,
+    check_mx_scale_exponent,
+    check_scale_schedule,
+    check_unscale_and_check,
+)
 
 NS = notebook_namespace(ROOT / "solutions" / "11_mixed_precision_exercises.ipynb")
 TINY, MAX = 2.0**-24, 65504.0
@@ -17,10 +22,12 @@ def test_reference_solutions_pass():
     check_unscale_and_check(NS["unscale_and_check"])
     check_scale_schedule(NS["scale_schedule"])
     check_fp16_flush_and_overflow(NS["fp16_flush_and_overflow"])
+    check_mx_scale_exponent(NS["mx_scale_exponent"])
 
 
 def test_stubs_fail():
-    for check in (check_unscale_and_check, check_scale_schedule, check_fp16_flush_and_overflow):
+    for check in (check_unscale_and_check, check_scale_schedule, check_fp16_flush_and_overflow,
+                  check_mx_scale_exponent):
         with pytest.raises(NotImplementedError):
             check(stub)
 
@@ -92,7 +99,9 @@ def test_wrong_scale_schedule_fails(mistake, message):
 
 def test_equivalent_scale_schedule_passes():
     def with_grad_scaler(found_infs, init_scale, growth_factor, backoff_factor, growth_interval):
-        from course_lib.precision import grad_scaler_schedule   # torch's GradScaler itself
+        from course_lib.precision import (
+            grad_scaler_schedule,  # torch's GradScaler itself
+        )
         return grad_scaler_schedule(found_infs, init_scale=init_scale, growth_factor=growth_factor,
                                     backoff_factor=backoff_factor, growth_interval=growth_interval)
 
@@ -133,3 +142,39 @@ def test_wrong_fp16_flush_and_overflow_fails(mistake):
     assert check_fp16_flush_and_overflow(counts) is None
     with pytest.raises(AssertionError):
         check_fp16_flush_and_overflow(lambda g, s: counts(g, s, **mistake))
+
+
+def blockwise(x, emax, *, log=torch.floor, offset=True, dim=-1, per_tensor=False, zero=-127.0):
+    """mx_scale_exponent with one mistake switched on."""
+    x = x.movedim(dim, -1)
+    amax = x.abs().reshape(*x.shape[:-1], x.shape[-1] // 32, 32).amax(-1)
+    if per_tensor:
+        amax = torch.full_like(amax, float(x.abs().max()))
+    e = log(torch.log2(amax)) - (emax if offset else 0)
+    return torch.where(amax > 0, e, zero)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda x, emax: torch.log2(x.abs().reshape(*x.shape[:-1], -1, 32).amax(-1) / 448), "not a power of two"),
+    (lambda x, emax: blockwise(x, emax, log=lambda t: t), "not a power of two"),          # no floor at all
+    (lambda x, emax: blockwise(x, emax, dim=0), "down the columns"),                      # blocks along dim 0
+    (lambda x, emax: blockwise(x.T.contiguous(), emax).T, "shape"),                       # ... returned transposed
+    (lambda x, emax: blockwise(x, emax, log=torch.ceil), "not ceil or round"),
+    (lambda x, emax: blockwise(x, emax, log=torch.round), "not ceil or round"),
+    (lambda x, emax: blockwise(x, emax, offset=False), "subtract the element format's emax"),
+    (lambda x, emax: blockwise(x, 8), "use the `emax` argument"),                        # E4M3's 8 hard-coded
+    (lambda x, emax: blockwise(x, emax, per_tensor=True), "one scale for the whole tensor"),
+    (lambda x, emax: torch.floor(torch.log2(x.abs().max())) - emax, "One value per block"),
+    (lambda x, emax: blockwise(x, emax, zero=0.0), "all-zero block"),
+])
+def test_wrong_mx_scale_exponent_fails(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        check_mx_scale_exponent(wrong)
+
+
+def test_equivalent_mx_scale_exponent_passes():
+    def with_frexp(x, emax):                        # amax = m * 2^e, m in [0.5, 1): floor(log2(amax)) = e - 1
+        _, e = torch.frexp(x.abs().unflatten(-1, (-1, 32)).amax(-1))
+        out = (e - 1 - emax).clamp(min=-127)
+        return torch.where(x.abs().unflatten(-1, (-1, 32)).amax(-1) == 0, -127, out).to(torch.int32)
+    check_mx_scale_exponent(with_frexp)

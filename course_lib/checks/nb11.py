@@ -1,8 +1,10 @@
-"""Checks for solutions/11_mixed_precision_exercises.ipynb: unscaling, dynamic loss scaling, fp16's range.
+"""Checks for solutions/11_mixed_precision_exercises.ipynb: unscaling, dynamic loss scaling, fp16's range,
+the MX block scale.
 
 Compared against torch's own kernels: the unscale + inf check that GradScaler runs
 (torch._amp_foreach_non_finite_check_and_unscale_), torch.amp.GradScaler itself on CPU, and
-the fp16 cast (`.to(torch.float16)`).
+the fp16 cast (`.to(torch.float16)`); the MX exponent against course_lib.mx, which tests/test_mx.py
+checks against torchao's MX reference and an independent per-block one.
 """
 from __future__ import annotations
 
@@ -133,3 +135,60 @@ def check_fp16_flush_and_overflow(fp16_flush_and_overflow) -> None:
                "Hint: fp16's largest number is 65504, but a value rounds to it up to 65520 (half a step of 32 "
                "above); from 65520 on it becomes inf.")
     passed("fp16_flush_and_overflow")
+
+
+def _mx_cases():
+    g = torch.Generator().manual_seed(19)
+    spread = 10.0 ** torch.empty(8, 3, 1).uniform_(-3, 3, generator=g)     # each block its own magnitude
+    rows = (torch.randn(8, 3, 32, generator=g) * spread).reshape(8, 96)
+    rows[2, 32:64] = 0                                                      # an all-zero block
+    square = torch.randn(64, 64, generator=g) * 10.0 ** torch.arange(-2, 2).repeat_interleave(16).float()
+    return [(square, 8), (rows, 8), (rows, 2), (rows[:, :64] * 1e-3, 2)]
+
+
+def check_mx_scale_exponent(mx_scale_exponent) -> None:
+    """`mx_scale_exponent(x, emax) -> [..., K/32]` equals the OCP MX v1.0 shared exponent
+    floor(log2(amax of each block of 32 along the last dim)) - emax (course_lib.mx, tested against torchao)."""
+    from ..mx import mx_quantize
+    for x, emax in _mx_cases():
+        elem = "fp8_e4m3" if emax == 8 else "fp4_e2m1"
+        want = mx_quantize(x, elem)[0]
+        where = f"x of shape {tuple(x.shape)}, emax={emax}"
+        got = torch.as_tensor(mx_scale_exponent(x.clone(), emax)).double()
+        if got.shape != want.shape:
+            hint = (" Blocks run along the LAST (reduction) dimension: x.reshape(*x.shape[:-1], K // 32, 32)."
+                    if got.numel() != 1 else " One value per block, not one for the whole tensor.")
+            raise AssertionError(f"{where}: expected exponents of shape {tuple(want.shape)} (one per block of 32 "
+                                 f"along the last dim), got {tuple(got.shape)}.{hint}")
+        want = want.double()
+        if torch.equal(got, want):
+            continue
+        if not torch.equal(got, got.round()):
+            raise AssertionError(f"{where}: the exponents are not integers, so the scale 2^e is not a power of "
+                                 "two. E8M0 stores only an exponent: take floor(log2(amax)) - emax, not log2 of "
+                                 "amax / 448 (a scale like amax / 448 is per-tensor FP8's, not MX's).")
+        amax = x.abs().reshape(*x.shape[:-1], -1, 32).amax(-1).double()
+        nonzero = amax > 0
+        if x.shape[0] == x.shape[1] and torch.equal(got, mx_quantize(x.T.contiguous(), elem)[0].double()):
+            raise AssertionError(f"{where}: these are the exponents of blocks down the columns (dim 0). "
+                                 "MX blocks run along the last dimension, the one a matmul reduces over.")
+        if (got[nonzero] == got[nonzero].flatten()[0]).all() and (want[nonzero] != want[nonzero].flatten()[0]).any():
+            raise AssertionError(f"{where}: every block got the same exponent: that is one scale for the whole "
+                                 "tensor. MX computes amax per block of 32.")
+        if torch.equal(got[nonzero], want[nonzero] + emax):
+            raise AssertionError(f"{where}: off by exactly emax={emax} everywhere: subtract the element format's "
+                                 "emax (8 for E4M3, 2 for E2M1) so the block's amax lands in the element's top binade.")
+        if emax != 8 and torch.equal(got[nonzero], want[nonzero] + emax - 8):
+            raise AssertionError(f"{where}: use the `emax` argument ({emax} here), not E4M3's 8.")
+        if not torch.equal(got[nonzero], want[nonzero]):
+            up = got[nonzero] - want[nonzero]
+            if ((up == 0) | (up == 1)).all():
+                raise AssertionError(f"{where}: some exponents are 1 too large: use floor(log2(amax)), not ceil or "
+                                     "round. With floor the block's amax divided by 2^e lies in [2^emax, 2^(emax+1)): "
+                                     "the element format's top binade (values above its max saturate).")
+            raise AssertionError(f"{where}: exponents differ from floor(log2(amax)) - emax, e.g. got "
+                                 f"{got[nonzero][up != 0][:3].tolist()} where MX has "
+                                 f"{want[nonzero][up != 0][:3].tolist()}.")
+        raise AssertionError(f"{where}: an all-zero block must get -127 (the smallest E8M0 exponent; log2(0) is "
+                             f"-inf), got {got[~nonzero][:3].tolist()}.")
+    passed("mx_scale_exponent")
