@@ -116,8 +116,9 @@ def test_rebucketing_and_report_cpu_prediction(ddp_recording, capsys):
     tiny = assign_buckets([torch.empty(n, device="meta") for _, n, _ in ddp_recording.params], 0.001)
     assert one.collectives == 1 and many.collectives == len(tiny) > 2
     assert many.comm_s > one.comm_s          # α paid once per bucket
-    torch.set_num_threads(1)                 # as each rank has
-    cpu = calibrate(cpu_this_machine(ddp_recording.allreduce), record_single("net", batch=32, steps=3, time_ops=2))
+    local = ddp_recording.local_recording()  # each rank's step without DDP, timed while both ran
+    assert local.world_size == 1 and all(e.stream == "compute" for e in local.ranks[0].events)
+    cpu = calibrate(cpu_this_machine(ddp_recording.allreduce), local)
     pred = replay(ddp_recording, cpu)
     measured = ddp_recording.measured_step_s
     with capsys.disabled():                  # a report, never an assert: the machine may be busy

@@ -2,11 +2,12 @@
 
     python -m course_lib.bench simulate [--quick] [--json]
 
-Calibrates `simulate.cpu_this_machine` once: roofs measured now (a matmul, a copy, a launch), gloo's
-α–β fitted to all-reduces timed inside the 2-rank launch, and per-op factors from one single-process
-step of Net timed op by op (`simulate.calibrate`). Then records the course's BucketedDDP step of Net
-on 2 and 4 gloo ranks (each rank one thread; 4 ranks on 2 cores share them, which the calibration is
-told) and replays each recording on that profile: the error of the prediction is the result. The
+For 2 and 4 gloo ranks (one thread each; 4 ranks share the 2 cores), one launch records the course's
+BucketedDDP step of Net and calibrates `simulate.cpu_this_machine` to it: roofs measured now (a matmul,
+a copy, a launch), gloo's α–β fitted to all-reduces timed in that launch, and per-op factors from each
+rank's step WITHOUT DDP timed op by op while all ranks ran it (`simulate.calibrate`: the compute is
+priced at the speed it has when the ranks share the machine). The replay of the DDP recording on that
+profile is then a prediction of what DDP adds: its all-reduces, their overlap, the waits. The
 same for lecture 09's 2-stage GPipe step (`simulate.pipeline.compare_measured`: its profile is
 measured on the launched ranks, roofline only). The
 replay knows nothing of the DDP run but its ops and all-reduces, so the error is what the model
@@ -22,7 +23,6 @@ row prints the host time per op the measurement implies.
 from __future__ import annotations
 
 from .. import recorded
-from ..env import torch_threads
 from ..simulate import (
     calibrate,
     compare_measured,
@@ -37,15 +37,11 @@ from .result import BenchResult
 
 def run(data_dir=None, quick: bool = False) -> BenchResult:
     batch = 32 if quick else 64
-    with torch_threads(1):
-        single = record_single("net", batch=batch, steps=3 if quick else 10, time_ops=3)
     rows, summary = [], {"benchmark": "simulate", "quick": quick, "batch_per_rank": batch, "cores": cores()}
-    profile = None
     for world in (2, 4):
-        rec = record_ddp(world, batch=batch, steps=3 if quick else 10, calibrate=profile is None)
-        profile = profile or cpu_this_machine(rec.allreduce)
-        fitted = calibrate(profile, single, ranks_per_core=world / cores())
-        pred = replay(rec, fitted)
+        rec = record_ddp(world, batch=batch, steps=3 if quick else 10, calibrate=True)
+        profile = cpu_this_machine(rec.allreduce, world_size=world)
+        pred = replay(rec, calibrate(profile, rec.local_recording()))
         error = (pred.step_s - rec.measured_step_s) / rec.measured_step_s
         rows.append({"step": f"BucketedDDP, Net, {world} gloo ranks", "measured ms": round(rec.measured_step_s * 1e3, 2),
                      "predicted ms": round(pred.step_s * 1e3, 2), "error": f"{error:+.0%}",
@@ -54,6 +50,7 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
         summary[f"ddp{world}_measured_ms"] = rec.measured_step_s * 1e3
         summary[f"ddp{world}_predicted_ms"] = pred.step_s * 1e3
         summary[f"ddp{world}_error"] = error
+        summary[f"ddp{world}_local_ms"] = rec.local["seconds"] * 1e3
     summary["profile"] = profile.source
     pipe = compare_measured("gpipe", 4, steps=2 if quick else 5, batch=128 if quick else 256)
     rows.append({"step": "GPipe, 2 stages, 4 micro-batches (lecture 09's MLP)",

@@ -125,12 +125,12 @@ def _median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def cpu_this_machine(allreduce: dict | None = None, threads: int = 1) -> Profile:
+def cpu_this_machine(allreduce: dict | None = None, threads: int = 1, world_size: int = 2) -> Profile:
     """This CPU as one device per rank (`threads` torch threads, as `launch` gives each rank), calibrated now.
 
     Peak: the best 512x512 fp32 matmul (hardware.measure_matmul_gflops); bandwidth: a 32 MiB copy
     (hardware.measure_bandwidth_gbs); per-op overhead: the median of a 1-element add and of a view;
-    links: gloo's α–β fitted (costmodel.fit_alpha_beta, ring, 2 ranks) to `allreduce`, timings from
+    links: gloo's α–β fitted (costmodel.fit_alpha_beta, ring, `world_size` ranks) to `allreduce`, timings from
     costmodel.measure_allreduce ({"sizes", "times": {"torch": [...]}}; `record_ddp(calibrate=True)`
     keeps them in `Recording.allreduce`), or measured here (a 2-rank launch, a few seconds) when None.
     Efficiencies are 1: the roofs are what this machine reached. All ranks count as one node.
@@ -139,7 +139,7 @@ def cpu_this_machine(allreduce: dict | None = None, threads: int = 1) -> Profile
     from ..hardware import measure_bandwidth_gbs, measure_matmul_gflops
     positive_int("threads", threads)
     if allreduce is None:
-        allreduce = costmodel.measure([2**10, 2**16, 2**20, 2**22], impls="torch", world_size=2, repeats=3)
+        allreduce = costmodel.measure([2**10, 2**16, 2**20, 2**22], impls="torch", world_size=world_size, repeats=3)
     if not (isinstance(allreduce, dict) and "sizes" in allreduce and "torch" in allreduce.get("times", {})):
         raise ValueError("allreduce must be costmodel.measure_allreduce's result {'sizes', 'times': {'torch': ...}}"
                          f"; got {allreduce!r}")
@@ -153,7 +153,8 @@ def cpu_this_machine(allreduce: dict | None = None, threads: int = 1) -> Profile
         view = _median_seconds(lambda: a.view(-1), 200)
     finally:
         torch.set_num_threads(old)
-    alpha, beta = costmodel.fit_alpha_beta(allreduce["sizes"], allreduce["times"]["torch"], "ring", 2)
+    alpha, beta = costmodel.fit_alpha_beta(allreduce["sizes"], allreduce["times"]["torch"], "ring",
+                                           positive_int("world_size", world_size))
     gloo = Link(alpha, 1 / beta / 1e9 if beta > 0 else float("inf"))
     return Profile("cpu_this_machine", gflops * 1e9, gbs, 1_000_000, gloo, gloo, eff_flops=1.0, eff_bw=1.0,
                    launch_s=launch, view_s=view,

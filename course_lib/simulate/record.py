@@ -19,6 +19,7 @@ The events are plain dataclasses: `Recording.save(path)` / `Recording.load(path)
 """
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import time
@@ -73,6 +74,8 @@ class Recording:
     measured_step_s: float | None = None     # the same step timed without the recorder (slowest rank)
     allreduce: dict | None = None            # gloo all-reduce times measured in the same launch (calibration)
     sharded: bool = False                    # FSDP: each rank updates 1/world of the parameters
+    local: dict | None = None                # calibration: rank 0's step WITHOUT DDP, timed op by op while
+                                             # every rank ran it at once ({"trace", "seconds"})
 
     def save(self, path) -> Path:
         path = Path(path)
@@ -88,6 +91,16 @@ class Recording:
         data = dict(data)
         data["ranks"] = [RankTrace([Event(**e) for e in r["events"]], list(r["grad_ready"])) for r in data["ranks"]]
         return cls(**data)
+
+    def local_recording(self) -> Recording:
+        """`local` as a one-process Recording, for `profiles.calibrate`: the same ops at the speed they had
+        while all ranks shared the machine (cores, caches, memory bandwidth), without communication."""
+        if not self.local:
+            raise ValueError("this recording has no local step: record it with record_ddp(..., calibrate=True)")
+        t = self.local["trace"]
+        return Recording([RankTrace([Event(**e) for e in t["events"]], list(t["grad_ready"]))], self.params, 1,
+                         self.batch_per_rank, f"{self.label}: one rank's step without DDP, all ranks at once",
+                         self.local["seconds"])
 
     def flops_per_rank(self) -> float:
         return max(sum(e.flops for e in r.events) for r in self.ranks)
@@ -257,6 +270,17 @@ def ddp_worker(rank: int, world_size: int, model: str = "net", batch: int = 64, 
     from ..models import build_model
     torch.manual_seed(0)
     net = build_model(model)
+    local = None
+    if allreduce_sizes:      # calibration: the same step without DDP, on every rank at once (sharing the cores),
+        plain = copy.deepcopy(net)                      # ended by a barrier as the DDP step is: the wait for the
+        plain_step = _train_step(plain, _batch(batch, rank), make_optimizer("sgd", plain.parameters(), lr=0.01))
+        dist.barrier()                                  # slowest rank is in the time, not in the ops
+
+        def plain_synced():
+            plain_step()
+            dist.barrier()
+        trace, seconds = record_step(plain_synced, list(plain.parameters()), steps, time_ops=3)
+        local = {"trace": asdict(trace), "seconds": seconds}
     rec = Recorder()
     rec.watch([p for p in net.parameters() if p.requires_grad])     # before DDP's hooks
     ddp = BucketedDDP(net, bucket_mb)
@@ -268,19 +292,24 @@ def ddp_worker(rank: int, world_size: int, model: str = "net", batch: int = 64, 
         dist.barrier()     # the slowest rank decides a step's time (as timed_steps measures)
     trace, _ = record_step(synced, steps=1, watch=rec)
     dist.barrier()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(steps):
+        t0 = time.perf_counter()
         synced()
-    seconds = (time.perf_counter() - t0) / steps
+        times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)          # as record_step times the local step
     timings = measure_allreduce(rank, world_size, list(allreduce_sizes), "torch", 3) if allreduce_sizes else None
-    return {"trace": asdict(trace), "seconds": seconds, "allreduce": timings, "params": _param_table(net)}
+    return {"trace": asdict(trace), "seconds": seconds, "allreduce": timings, "params": _param_table(net),
+            "local": local}
 
 
 def record_ddp(world_size: int = 2, model: str = "net", batch: int = 64, bucket_mb: float = 25.0, steps: int = 5,
                calibrate: bool = False, timeout: float = 120.0) -> Recording:
     """Record the course's DDP step (BucketedDDP, gloo) on `world_size` local ranks: one RankTrace per rank.
 
-    calibrate: also time gloo all-reduces (1 KB .. 4 MB) in the same launch, for `profiles.cpu_this_machine`.
+    calibrate: also, in the same launch, time gloo all-reduces (1 KB .. 4 MB) for `profiles.cpu_this_machine`
+    and each rank's step without DDP, op by op, all ranks at once (`Recording.local_recording()`, for
+    `profiles.calibrate`).
     """
     from ..distributed.launch import launch
     positive_int("world_size", world_size)
@@ -290,7 +319,7 @@ def record_ddp(world_size: int = 2, model: str = "net", batch: int = 64, bucket_
     ranks = [RankTrace([Event(**e) for e in o["trace"]["events"]], o["trace"]["grad_ready"]) for o in outs]
     return Recording(ranks, outs[0]["params"], world_size, batch,
                      f"{model}, batch {batch} per rank, BucketedDDP {bucket_mb:g} MB, {world_size} gloo ranks",
-                     max(o["seconds"] for o in outs), outs[0]["allreduce"])
+                     max(o["seconds"] for o in outs), outs[0]["allreduce"], local=outs[0]["local"])
 
 
 def fsdp_worker(rank: int, world_size: int, width: int = 784, depth: int = 4, batch: int = 32, steps: int = 5) -> dict:
