@@ -122,3 +122,13 @@ def test_replay_of_the_measured_two_stage_step_has_its_order_and_roughly_its_tim
           f"{result['measured_bubble']:.0%}, predicted {result['predicted_bubble']:.0%} ({result['profile']})")
     assert result["measured_order"] == result["predicted_order"] == schedules.order("gpipe", 2, 4)
     assert 1 / 8 < result["predicted_s"] / result["measured_s"] < 8       # loose: CI machines are busy
+
+
+def test_measured_stage_times_replace_the_roofline():
+    K, M, tf, tb, t_opt = 3, 5, 2e-3, 3e-3, 1e-3
+    roofline = equal_stages(K, tf=1.0, tb=1.0, t_opt=1.0)       # 1 s each on CLOCK: overridden below
+    measured = [{"F": tf, "B": tb, "O": t_opt}] * K
+    p = replay_pipeline(roofline, CLOCK, "1f1b", M, stage_seconds=measured)
+    assert p.step_s == pytest.approx((M + K - 1) * (tf + tb) + t_opt, rel=1e-12)
+    with pytest.raises(ValueError, match="stage_seconds must be 3 dicts"):
+        replay_pipeline(roofline, CLOCK, "gpipe", M, stage_seconds=measured[:2])

@@ -142,8 +142,11 @@ class PipelinePrediction:
 
 
 def replay_pipeline(recorded: RecordedPipeline, profile: Profile, schedule: str = "gpipe", micro_batches: int = 4,
-                    optimizer: bool = True) -> PipelinePrediction:
-    """Replay one step of `schedule` ("gpipe" or "1f1b") over `micro_batches` micro-batches (module docstring)."""
+                    optimizer: bool = True, stage_seconds: list | None = None) -> PipelinePrediction:
+    """Replay one step of `schedule` ("gpipe" or "1f1b") over `micro_batches` micro-batches (module docstring).
+
+    stage_seconds: per stage {"F", "B", "O"}: measured seconds of one micro-batch's forward and backward and
+    of the optimizer step (`stage_times_worker`), used instead of the roofline times (calibration)."""
     if not isinstance(recorded, RecordedPipeline):
         raise ValueError(f"recorded must be a RecordedPipeline (from record_stages); got {type(recorded).__name__}")
     check_profile(profile)
@@ -158,6 +161,11 @@ def replay_pipeline(recorded: RecordedPipeline, profile: Profile, schedule: str 
 
     t = {(k, kind): seconds(getattr(s, phase)) for k, s in enumerate(st)
          for kind, phase in (("F", "forward"), ("B", "backward"), ("O", "optimizer"))}
+    if stage_seconds is not None:
+        if len(stage_seconds) != K or not all(isinstance(d, dict) and set(d) >= {"F", "B", "O"} for d in stage_seconds):
+            raise ValueError(f"stage_seconds must be {K} dicts with keys 'F', 'B', 'O' (one per stage); "
+                             f"got {stage_seconds!r}")
+        t = {(k, kind): float(d[kind]) for k, d in enumerate(stage_seconds) for kind in ("F", "B", "O")}
     orders = schedules.order(schedule, K, M)
     arrival: dict[tuple, float] = {}          # (stage, kind, micro) -> when its input message arrives
     free, send_free, pos = [0.0] * K, [0.0] * K, [0] * K
@@ -226,12 +234,46 @@ def calibrate_worker(rank: int, world_size: int, sizes=(2**10, 2**16, 2**20, 2**
     return cpu_this_machine(costmodel.measure_allreduce(rank, world_size, list(sizes), "torch", 3), threads=1)
 
 
+def stage_times_worker(rank: int, world_size: int, width: int = 1024, blocks: int = 5, micro: int = 64,
+                       repeats: int = 5, seed: int = 0) -> dict:
+    """Worker: this rank's stage of `make_mlp(width, blocks)` timed alone, one micro-batch's forward, backward
+    and SGD step (median of `repeats`), while every rank times its own at once (they share the cores)."""
+    import statistics
+    import time
+
+    import torch.distributed as dist
+
+    from ..distributed import pipeline
+    positive_int("repeats", repeats)
+    stages = pipeline.split_model(pipeline.make_mlp(width, blocks, seed=seed), world_size)
+    shapes = pipeline.boundary_shapes(stages, torch.zeros(micro, 20))
+    stage, last = stages[rank], rank == world_size - 1
+    opt = torch.optim.SGD(stage.parameters(), lr=0.01)
+    x = torch.randn(shapes[rank], requires_grad=rank > 0)     # boundary_shapes: the input shape of each stage
+    y = torch.randint(0, 5, (micro,))
+    times = {"F": [], "B": [], "O": []}
+    for _ in range(repeats + 1):                  # the first is a warm-up
+        dist.barrier()
+        t0 = time.perf_counter()
+        out = stage(x)
+        loss = nn.functional.cross_entropy(out, y) if last else out
+        t1 = time.perf_counter()
+        loss.backward(None if last else torch.ones_like(out))
+        t2 = time.perf_counter()
+        opt.step()
+        opt.zero_grad()
+        for key, dt in zip("FBO", (t1 - t0, t2 - t1, time.perf_counter() - t2)):
+            times[key].append(dt)
+    return {key: statistics.median(v[1:]) for key, v in times.items()}
+
+
 def compare_measured(schedule: str = "gpipe", micro_batches: int = 4, steps: int = 3, batch: int = 256,
                      width: int = 1024, blocks: int = 5, timeout: float = 180.0) -> dict:
     """Lecture 09's 2-stage step (`pipeline_trace.traced_steps`, gloo) measured, and replayed on this CPU.
 
     One launch traces the steps, then calibrates `cpu_this_machine` on the same ranks (`calibrate_worker`;
-    the slower rank's profile is used). Returns measured_s and predicted_s (fastest step: first forward
+    the slower rank's profile prices the messages) and times each stage's forward, backward and optimizer
+    alone, all ranks at once (`stage_times_worker`: these replace the roofline times). Returns measured_s and predicted_s (fastest step: first forward
     to the last optimizer end), error = predicted / measured - 1, the measured and predicted bubbles,
     per stage the op order of one step measured and predicted, the profile's source, the Timelines.
     """
@@ -242,14 +284,14 @@ def compare_measured(schedule: str = "gpipe", micro_batches: int = 4, steps: int
     if batch % M:
         raise ValueError(f"batch={batch} must be divisible by micro_batches={M}")
     outs = launch(pipeline.several, K, (pipeline_trace.traced_steps, (schedule, M, steps, batch, width, blocks)),
-                  (calibrate_worker, ()), timeout=timeout)
+                  (calibrate_worker, ()), (stage_times_worker, (width, blocks, batch // M)), timeout=timeout)
     measured = trace.merge([o[0] for o in outs])
     profile = min((o[1] for o in outs), key=lambda p: p.peak_flops)
     stages = pipeline.split_model(pipeline.make_mlp(width, blocks, seed=0), K)
     micro = batch // M
     recorded = record_stages(stages, torch.zeros(micro, 20), nn.functional.cross_entropy,
                              torch.zeros(micro, dtype=torch.long), f"make_mlp({width}, {blocks}), micro-batch {micro}")
-    predicted = replay_pipeline(recorded, profile, schedule, M)
+    predicted = replay_pipeline(recorded, profile, schedule, M, stage_seconds=[o[2] for o in outs])
     measured_s = _measured_step_s(measured, K, M)
     return {"measured_s": measured_s, "predicted_s": predicted.step_s, "error": predicted.step_s / measured_s - 1,
             "measured_bubble": pipeline_trace.idle_share(measured, K, M), "predicted_bubble": predicted.bubble,
