@@ -17,16 +17,9 @@ import copy
 import torch
 from torch import nn
 
-from .validate import one_of, positive_int
+from .validate import float_tensor, one_of, positive_int
 
 DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-
-
-def _float(name: str, x) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got "
-                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
-    return x
 
 
 def fp8_max(fmt: str) -> float:
@@ -48,7 +41,7 @@ def cast(x: torch.Tensor, fmt: str = "e4m3", saturate: bool = True) -> torch.Ten
     encoding ("fn": finite), so the OCP spec's non-saturating mode gives NaN there."""
     dtype = DTYPES[one_of("fmt", fmt, DTYPES)]
     big = fp8_max(fmt)
-    x = _float("x", x).float()
+    x = float_tensor("x", x).float()
     if saturate:
         return x.clamp(-big, big).to(dtype)                  # NaN stays NaN
     q = x.to(dtype)
@@ -59,7 +52,7 @@ def cast(x: torch.Tensor, fmt: str = "e4m3", saturate: bool = True) -> torch.Ten
 
 def quantize(x: torch.Tensor, fmt: str = "e4m3", scale=None):
     """(fp8 tensor, scale): x * scale cast with saturation; scale defaults to amax_scale(amax(x))."""
-    x = _float("x", x).float()
+    x = float_tensor("x", x).float()
     if scale is None:
         scale = amax_scale(x.abs().max() if x.numel() else 0.0, fmt)
     scale = torch.as_tensor(scale, dtype=torch.float32)
@@ -105,7 +98,7 @@ class DelayedScaling:
         self.saturated = 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = _float("x", x)
+        x = float_tensor("x", x)
         amax = float(x.detach().abs().max()) if x.numel() else 0.0
         past = max(self.amaxes) if self.amaxes else amax          # first call: nothing known yet, use the current
         scale = amax_scale(past, self.fmt)

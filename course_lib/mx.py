@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .validate import one_of, positive_int
+from .validate import float_tensor, one_of, positive_int
 
 E2M1_MAX = 6.0                                       # FP4 E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and negatives
 ELEMENTS = {"fp8_e4m3": (8, 448.0), "fp4_e2m1": (2, E2M1_MAX)}   # name: (emax_elem, largest value)
@@ -42,9 +42,7 @@ def _elements(x: torch.Tensor, elem: str) -> torch.Tensor:
 
 
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got "
-                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    float_tensor("x", x)
     positive_int("block", block)
     if x.dim() == 0 or x.shape[-1] % block:
         raise ValueError(f"block={block} must divide the last (reduction) dimension, got shape "

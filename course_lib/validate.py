@@ -94,6 +94,16 @@ def one_of(name: str, value, allowed, *, hint: str = ""):
     return value
 
 
+def float_tensor(name: str, value):
+    """Return `value` if it is a floating-point torch.Tensor; else TypeError naming `name` and what it got."""
+    import torch
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        kind = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+        raise TypeError(f"{name} must be a floating-point torch.Tensor (float16/bfloat16/float32/float64); "
+                        f"got {kind}")
+    return value
+
+
 def boolean(name: str, value) -> bool:
     """Return `value` if it is True or False (not 0/1, not a string); else ValueError naming `name`."""
     if not isinstance(value, bool):

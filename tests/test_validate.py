@@ -98,3 +98,14 @@ def test_boolean():
     for bad in (0, 1, "yes", None):
         with pytest.raises(ValueError, match=rf"^signed must be True or False; got {re_repr(bad)}$"):
             boolean("signed", bad)
+
+
+def test_float_tensor_names_the_argument_and_what_it_got():
+    import torch
+
+    from course_lib.validate import float_tensor
+    x = torch.ones(2, dtype=torch.bfloat16)
+    assert float_tensor("w", x) is x
+    for bad, got in ((torch.ones(2, dtype=torch.int64), "torch.int64"), ([1.0], "list"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=f"w must be a floating-point torch.Tensor .*; got {got}"):
+            float_tensor("w", bad)

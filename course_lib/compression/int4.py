@@ -34,7 +34,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-QMIN, QMAX = 0, 15
+from .. import numerics
+from ..validate import float_tensor
+
+QMIN, QMAX = numerics.qrange(4, signed=False)     # 0..15
 GROUP_SIZES = (32, 64, 128)                 # the usual choices; any divisor of in_features works
 
 
@@ -44,8 +47,7 @@ def _divisors(n: int) -> list[int]:
 
 def check_weight(weight: torch.Tensor, group_size: int) -> None:
     """TypeError for a non-float tensor, ValueError for a group size that does not divide in_features."""
-    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        raise TypeError(f"weight must be a floating-point tensor; got {getattr(weight, 'dtype', type(weight))}")
+    float_tensor("weight", weight)
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [out_features, in_features]; got shape {tuple(weight.shape)}")
     n = weight.shape[1]
@@ -68,19 +70,21 @@ def group_qparams(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtyp
 
 
 def quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.float16):
-    """weight [out, in] -> (codes uint8 0..15 [out, in], scale [out, in // G], zero uint8 [out, in // G])."""
+    """weight [out, in] -> (codes uint8 0..15 [out, in], scale [out, in // G], zero uint8 [out, in // G]).
+
+    A group is a channel of lecture 02's per-channel quantization (`numerics.quantize`, as
+    torch.fake_quantize_per_channel_affine) on the weight reshaped to [out * in // G, G]."""
     scale, zero = group_qparams(weight, group_size, scale_dtype)
-    w = weight.detach().float().reshape(weight.shape[0], -1, group_size)
-    # times the float32 reciprocal, as PyTorch's kernels do: then a group is exactly a channel of
-    # torch.fake_quantize_per_channel_affine on the weight reshaped to [out * in // G, G]
-    codes = torch.round(w * (1 / scale.float())[..., None]) + zero[..., None].float()
-    return codes.clamp(QMIN, QMAX).to(torch.uint8).reshape(weight.shape), scale, zero
+    codes = numerics.quantize(weight.detach().reshape(-1, group_size), scale.float().flatten(), zero.flatten(),
+                              bits=4, signed=False, axis=0)
+    return codes.to(torch.uint8).reshape(weight.shape), scale, zero
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> torch.Tensor:
     """(code - zero) * scale per group, in float32: [out, in]."""
-    q = codes.float().reshape(codes.shape[0], -1, group_size)
-    return ((q - zero.float()[..., None]) * scale.float()[..., None]).reshape(codes.shape)
+    w = numerics.dequantize(codes.reshape(-1, group_size), scale.float().flatten(), zero.flatten(),
+                            bits=4, signed=False, axis=0)
+    return w.reshape(codes.shape)
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:

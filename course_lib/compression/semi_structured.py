@@ -24,7 +24,7 @@ import time
 import torch
 from torch import nn
 
-from ..validate import one_of, positive_int
+from ..validate import float_tensor, one_of, positive_int
 from .measure import csr_bytes
 from .pruning import apply_masks, magnitude_mask, prunable_layers
 
@@ -44,9 +44,7 @@ def as_matrix(weight: torch.Tensor, m: int = 4) -> torch.Tensor:
 
     TypeError for a non-float tensor; ValueError when the reduction dim is not a multiple of m.
     """
-    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        kind = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
-        raise TypeError(f"weight must be a floating-point torch.Tensor (float16/bfloat16/float32/float64); got {kind}")
+    float_tensor("weight", weight)
     if weight.dim() == 0:
         raise ValueError("weight must have at least 1 dimension; got a scalar")
     matrix = weight.detach().reshape(weight.shape[0] if weight.dim() > 1 else 1, -1)
