@@ -1,7 +1,8 @@
 # Scaling Deep Learning: the two quick-start commands.
 #   make lab            set up .venv and open the course in JupyterLab (make lab HEADLESS=1: no browser)
 #   make test           set up .venv and run every test: unit tests, notebooks and solutions under nbval
-# Other targets: make setup | exercises | doctor | bench NAME=cpu-mnist | clean
+# Other targets: make site (the course as a web site, in _build/site) | setup | exercises | doctor
+#                | bench NAME=cpu-mnist | clean
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -11,7 +12,7 @@ export COURSE_DATA_DIR ?= $(CURDIR)/data
 # Jupyter refuses to run as root (containers, some classroom VMs) unless told it is deliberate.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: setup lab test exercises doctor bench clean
+.PHONY: setup lab test site exercises doctor bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,12 @@ test: $(STAMP)
 	COURSE_QUICK=1 TQDM_DISABLE=1 $(BIN)/python -m pytest --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=600 -p no:cacheprovider -ra tests notebooks solutions
 
+# Every lecture and exercise executed (outputs cached by content in _build/jupyter_cache), the instructor
+# guide and the API reference; COURSE_SITE_PAGES="notebooks/07_ddp ..." builds only those pages.
+site: $(STAMP)
+	$(BIN)/python -m sphinx -b html -c docs . _build/site
+	@echo "The site: _build/site/index.html  (serve it: $(BIN)/python -m http.server -d _build/site)"
+
 exercises: $(STAMP)
 	$(BIN)/python -m course_lib.exercises
 
@@ -41,4 +48,4 @@ bench: $(STAMP)
 	$(BIN)/python -m course_lib.bench $(or $(NAME),cpu-mnist)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache _build docs/api docs/_generated

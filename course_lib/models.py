@@ -90,7 +90,7 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
 
 
 def max_diff(a, b) -> float:
-    """Largest |a - b| as a float: between two modules' parameters (in order), two equal-length
+    """Largest ``|a - b|`` as a float: between two modules' parameters (in order), two equal-length
     sequences of tensors (gradients, numpy arrays), or two tensors. 0.0 when there is nothing to compare.
 
     DTensors (FSDP2, tensor parallel) are gathered into full tensors first, so every rank must call

@@ -2,8 +2,11 @@
 
 The lecture then checks that same object against PyTorch, so what the class reads is what runs.
 Outside a notebook (a script, nbval's text comparison) the code is printed as plain text.
+`interactive(fn, **controls)` puts a lecture's what-if function under sliders, and degrades to its output on
+a published page.
 """
 import inspect
+import os
 import textwrap
 
 
@@ -49,3 +52,21 @@ def _module_path(obj) -> str:
     module = inspect.getmodule(obj)
     name = module.__name__ if module else "?"
     return name.replace(".", "/") + (".py" if not (module and module.__file__.endswith("__init__.py")) else "/__init__.py")
+
+
+def interactive(fn, **controls):
+    """`fn` under ipywidgets controls (sliders, text boxes) in Jupyter.
+
+    A published page (COURSE_STATIC_PAGE=1, set by `make site`) has no kernel to call `fn` when a slider moves,
+    so there the cell shows `fn`'s output for the controls' starting values and says what would be adjustable.
+    """
+    import ipywidgets as widgets
+
+    if os.environ.get("COURSE_STATIC_PAGE", "") != "1":
+        return widgets.interactive(fn, **controls)
+    start = {name: c.value for name, c in controls.items() if isinstance(c, widgets.ValueWidget)}
+    print(f"Interactive in Jupyter ({', '.join(controls)} adjustable); shown for "
+          + ", ".join(f"{k}={v!r}" for k, v in start.items()) + ":")
+    fn(**start)
+    return None
+

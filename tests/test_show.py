@@ -4,7 +4,7 @@ import functools
 import pytest
 
 from course_lib.distributed import ddp
-from course_lib.show import show_source, source_of
+from course_lib.show import interactive, show_source, source_of
 
 
 def test_source_is_the_real_code_with_its_repository_path(capsys):
@@ -28,3 +28,22 @@ def test_bad_input_says_what_is_allowed():
         source_of(3)
     with pytest.raises(TypeError, match="at least one"):
         show_source()
+
+
+def test_interactive_is_a_widget_in_jupyter_and_its_starting_output_on_a_static_page(monkeypatch, capsys):
+    import ipywidgets as widgets
+
+    calls = []
+
+    def what_if(x=1.0, link="a"):
+        calls.append((x, link))
+        print(f"x={x} link={link}")
+
+    monkeypatch.delenv("COURSE_STATIC_PAGE", raising=False)
+    assert isinstance(interactive(what_if, x=widgets.FloatSlider(value=2.0), link=["a", "b"]), widgets.interactive)
+    calls.clear()
+    monkeypatch.setenv("COURSE_STATIC_PAGE", "1")
+    assert interactive(what_if, x=widgets.FloatSlider(value=2.0), link=["a", "b"]) is None
+    assert calls == [(2.0, "a")]   # the slider's start; a list abbreviation leaves the function's default
+    out = capsys.readouterr().out
+    assert "x, link adjustable" in out and "x=2.0 link=a" in out

@@ -76,9 +76,11 @@ def plot_ring_step(schedule: list, step: int, ax=None, world_size: int | None = 
 
 
 def ring_stepper(world_size: int = 4):
-    """An ipywidgets slider over the 2(N-1) steps of `ring_schedule(world_size)`."""
+    """An ipywidgets slider over the 2(N-1) steps of `ring_schedule(world_size)` (its first step on a static page)."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
+
+    from ..show import interactive
 
     schedule = ring_schedule(world_size)
 
@@ -86,5 +88,5 @@ def ring_stepper(world_size: int = 4):
         plot_ring_step(schedule, step, world_size=world_size)
         plt.show()
 
-    return widgets.interactive(show, step=widgets.IntSlider(value=0, min=0, max=len(schedule),
-                                                            description="step"))
+    return interactive(show, step=widgets.IntSlider(value=0, min=0, max=len(schedule),
+                                                 description="step"))
