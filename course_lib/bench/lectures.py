@@ -89,7 +89,10 @@ def time_lectures(folder, data_dir=None, quick: bool = False) -> BenchResult:
     load_tensors("test", data_dir, 1)   # fail now, with the data's own message, if the test split is missing
     data_env = str(Path(data_dir).expanduser().resolve()) if data_dir else os.environ.get("COURSE_DATA_DIR")
     rows, seconds, failed = [], {}, {}
-    with _environment(COURSE_DATA_DIR=data_env, COURSE_QUICK="1" if quick else None, TQDM_DISABLE="1"):
+    # COURSE_STATIC_PAGE: widgets show their starting output, as on the site; headless nbclient otherwise
+    # sometimes waits a whole cell timeout after ipywidgets' interactive (its Output-widget mimic)
+    with _environment(COURSE_DATA_DIR=data_env, COURSE_QUICK="1" if quick else None, TQDM_DISABLE="1",
+                      COURSE_STATIC_PAGE="1"):
         for path in lectures:
             print(f"== {path.name}", flush=True)
             took, error = time_notebook(path)
