@@ -109,7 +109,7 @@ def screenshot(driver, name: str) -> None:
         driver.save_screenshot(str(Path(folder) / name))
 
 
-def test_home_page_course_map_links_resolve(site, browser):
+def test_home_page_course_map_links_resolve(browser, site):
     browser.get(f"{site}/index.html")   # forwards to the home page
     browser.find_element("css selector", "article table")
     assert browser.current_url.endswith("/docs/index.html")
@@ -126,7 +126,7 @@ def test_home_page_course_map_links_resolve(site, browser):
     assert "Outputs computed on" in footer and "training images" in footer and "quick mode" in footer, footer
 
 
-def test_lecture_page_shows_plots_highlighted_code_and_its_modules(site, browser):
+def test_lecture_page_shows_plots_highlighted_code_and_its_modules(browser, site):
     browser.get(f"{site}/{LECTURE}.html")
     images = browser.find_elements("css selector", "div.cell_output img")
     assert len(images) >= 3, f"expected the lecture's plots as images, found {len(images)}"
@@ -143,7 +143,7 @@ def test_lecture_page_shows_plots_highlighted_code_and_its_modules(site, browser
     screenshot(browser, "lecture07.png")
 
 
-def test_launch_buttons_carry_the_notebooks_path(site, browser):
+def test_launch_buttons_carry_the_notebooks_path(browser, site):
     browser.get(f"{site}/{LECTURE}.html")
     hrefs = [a.get_attribute("href") for a in browser.find_elements("css selector", "a") if a.get_attribute("href")]
     repo, path = publish.repository_url(), f"{LECTURE}.ipynb"
@@ -158,7 +158,7 @@ def test_launch_buttons_carry_the_notebooks_path(site, browser):
     assert notebook == json.loads((REPO / path).read_text())   # the notebook itself, as stored (no outputs)
 
 
-def test_exercise_page_runs_as_a_student_opens_it(site, browser):
+def test_exercise_page_runs_as_a_student_opens_it(browser, site):
     browser.get(f"{site}/exercises/07_ddp_exercises.html")
     text = browser.find_element("css selector", "article").text
     assert "NotImplementedError" in text   # the answer cells are not filled in
