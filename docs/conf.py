@@ -112,14 +112,16 @@ def write_generated(app) -> None:
 
 
 def exercise_cells_may_raise(app, docname, source) -> None:
-    """An exercise page runs the notebook as a student opens it: answer cells raise NotImplementedError and
-    their check cells say so. Tagging those cells `raises-exception` lets them (and only them) fail."""
+    """An exercise page runs the notebook as a student opens it: the answer cells raise NotImplementedError, and
+    so do the check cells and any cell that uses an answer. Every code cell from the first answer cell on is
+    tagged `raises-exception` (it may fail); the setup cells above it must run, or the build fails."""
     if not docname.startswith("exercises/"):
         return
     nb = json.loads(source[0])
+    answered = False
     for cell in nb["cells"]:
-        grader = cell.get("metadata", {}).get("nbgrader", {})
-        if cell["cell_type"] == "code" and (grader.get("solution") or grader.get("grade")):
+        answered = answered or bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution"))
+        if answered and cell["cell_type"] == "code":
             tags = cell["metadata"].setdefault("tags", [])
             if "raises-exception" not in tags:
                 tags.append("raises-exception")
