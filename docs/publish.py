@@ -199,7 +199,9 @@ def api_modules() -> list[str]:
 
 def api_page(module: str) -> str:
     # autodoc writes reStructuredText, so the directive runs inside eval-rst, not as a MyST directive
-    return f"# `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n```\n"
+    # :ignore-module-all: a package re-exports its modules' functions in __all__ (simulate.replay is a module and
+    # a function): each object is documented once, on the page of the module that defines it
+    return f"# `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n   :ignore-module-all:\n```\n"
 
 
 def api_index(modules: list[str]) -> str:
