@@ -41,6 +41,7 @@ root_doc = "docs/index"
 default_role = "literal"                           # `x` in a docstring is code, as in the notebooks' Markdown
 autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True}
+autodoc_inherit_docstrings = False                 # Lightning's and torch's own docstrings are theirs to render
 myst_enable_extensions = ["dollarmath", "colon_fence"]
 myst_heading_anchors = 3
 suppress_warnings = ["mystnb.unknown_mime_type"]
@@ -128,6 +129,11 @@ def exercise_cells_may_raise(app, docname, source) -> None:
     source[0] = json.dumps(nb)
 
 
+def plain_docstring(app, what, name, obj, options, lines) -> None:
+    """The docstrings are written to be read in the source: |x| is an absolute value, not a reST substitution."""
+    lines[:] = [line.replace("|", "\\|") for line in lines]
+
+
 def link_taught_modules(app, doctree) -> None:
     """Under a lecture's title: links to the API pages of the course_lib modules it imports."""
     docname = app.env.docname
@@ -178,6 +184,7 @@ def setup(app):
     app.connect("builder-inited", write_generated)
     app.connect("source-read", exercise_cells_may_raise)
     app.connect("doctree-read", link_taught_modules)
+    app.connect("autodoc-process-docstring", plain_docstring)
     app.connect("build-finished", fail_on_problems)
     print(f"site: {len(PAGES)} notebook pages, {len(MODULES)} API pages; outputs computed on {DATA['text']}; "
           f"Python {platform.python_version()}")
