@@ -21,7 +21,6 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,10 +31,14 @@ SYNCED = ("notebooks", "solutions")
 
 
 def repository_url() -> str:
-    """The repository's URL, from pyproject.toml's [project.urls] Repository (the one place it is set)."""
-    with open(REPO / "pyproject.toml", "rb") as f:
-        url = tomllib.load(f)["project"]["urls"]["Repository"]
-    return url.rstrip("/")
+    """The repository's URL, from pyproject.toml's [project.urls] Repository (the one place it is set).
+
+    Read with a pattern rather than tomllib, which Python 3.10 (the oldest the course supports) lacks."""
+    text = (REPO / "pyproject.toml").read_text()
+    found = re.search(r'^\[project\.urls\][^\[]*?^Repository\s*=\s*"([^"]+)"', text, re.M | re.S)
+    if not found:
+        raise ValueError('pyproject.toml needs [project.urls] Repository = "https://github.com/OWNER/NAME"')
+    return found.group(1).rstrip("/")
 
 
 def _launches_processes(nb: dict) -> bool:
