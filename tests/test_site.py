@@ -36,6 +36,24 @@ def test_every_notebook_installs_course_lib_first_and_only_when_missing():
     assert "2 CPU cores" in source   # 07 launches processes: it says what Colab gives
 
 
+@pytest.mark.parametrize("importable", [True, False])
+def test_the_install_cell_installs_only_where_course_lib_is_missing(monkeypatch, importable):
+    import importlib.util
+    import subprocess as sp
+
+    calls = []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if importable else None)
+    monkeypatch.setattr(sp, "run", lambda *a, **k: calls.append((a, k)))
+    nb = json.loads((REPO / "notebooks/16_frameworks.ipynb").read_text())
+    exec("".join(nb["cells"][1]["source"]), {})
+    if importable:
+        assert calls == []
+    else:
+        (args,), kwargs = calls[0]
+        assert args[1:5] == ["-m", "pip", "install", "-q"] and kwargs == {"check": True}
+        assert args[5] == f"course_lib[frameworks] @ git+{publish.repository_url()}@{publish.BRANCH}"
+
+
 def test_the_course_map_covers_every_lecture_and_links_what_was_built():
     rows = publish.course_map_rows()
     assert [r[0] for r in rows] == [p.name[:2] for p in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
