@@ -62,6 +62,8 @@ def interactive(fn, **controls):
     """
     import ipywidgets as widgets
 
+    if not callable(fn):
+        raise TypeError(f"fn must be a function to call with the controls' values; got {type(fn).__name__}")
     if os.environ.get("COURSE_STATIC_PAGE", "") != "1":
         return widgets.interactive(fn, **controls)
     start = {name: c.value for name, c in controls.items() if isinstance(c, widgets.ValueWidget)}
@@ -69,4 +71,3 @@ def interactive(fn, **controls):
           + ", ".join(f"{k}={v!r}" for k, v in start.items()) + ":")
     fn(**start)
     return None
-

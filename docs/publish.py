@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import hashlib
 import json
 import re
@@ -41,29 +42,25 @@ def repository_url() -> str:
     return found.group(1).rstrip("/")
 
 
-def _launches_processes(nb: dict) -> bool:
-    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-    return bool(re.search(r"\blaunch\(|torchrun|mp\.spawn", code))
-
-
-def _gpu_cells(nb: dict) -> str:
-    """"recorded" where the notebook shows GPU results recorded on one, "cuda" where it has GPU-only cells."""
-    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-    return "recorded" if "recorded.show(" in code else "cuda" if "cuda" in code else ""
+def _code(nb: dict) -> str:
+    """The notebook's code, but its install cell (whose own comments must not decide what they say)."""
+    return "\n".join("".join(c["source"]) for c in nb["cells"]
+                     if c["cell_type"] == "code" and INSTALL_TAG not in c.get("metadata", {}).get("tags", []))
 
 
 def install_cell_source(path: Path, nb: dict) -> str:
     """The first code cell of `nb`: install course_lib only where it is not importable."""
+    code = _code(nb)
     extra = "[frameworks]" if path.name.startswith("16_") else ""
     lines = ["# Opened outside the course's environment (Colab, Binder without it)? This installs course_lib",
              "# once; where course_lib is importable (make lab, the grader) it does nothing."]
-    if _launches_processes(nb):
+    if re.search(r"\blaunch\(|torchrun|mp\.spawn", code):
         lines += ["# Colab gives 1 GPU and 2 CPU cores: this notebook's multi-process launches run there as",
                   "# CPU processes (gloo) sharing the 2 cores, as on a laptop."]
-    if _gpu_cells(nb) == "recorded":
+    if "recorded.show(" in code:      # GPU results recorded on one, shown where there is none
         lines += ["# On Colab, Runtime > Change runtime type > GPU runs the GPU cells; without a GPU they",
                   "# show results recorded on one."]
-    elif _gpu_cells(nb) == "cuda":
+    elif "cuda" in code:
         lines += ["# On Colab, Runtime > Change runtime type > GPU also runs the cells that need a GPU."]
     lines += ["import importlib.util",
               "import subprocess",
@@ -124,7 +121,8 @@ def sync(check: bool) -> int:
     return 0
 
 
-def imported_modules(path: Path) -> list[str]:
+@functools.lru_cache(maxsize=None)   # conf.py asks for each lecture twice: which API pages, which links
+def imported_modules(path: Path) -> tuple[str, ...]:
     """The course_lib modules a notebook's code imports (`from course_lib.x import y` names course_lib.x, and
     course_lib.x.y where y is a module)."""
     nb = json.loads(path.read_text())
@@ -147,8 +145,8 @@ def imported_modules(path: Path) -> list[str]:
                 if name.split(".")[0] == "course_lib" and _is_module(name) and name not in found:
                     found.append(name)
     # `from course_lib.distributed import ddp` names the package only to reach the module: list the module
-    return [m for m in found if not m.startswith("course_lib.checks")
-            and not any(other.startswith(m + ".") for other in found)]
+    return tuple(m for m in found if not m.startswith("course_lib.checks")
+                 and not any(other.startswith(m + ".") for other in found))
 
 
 def _is_module(name: str) -> bool:

@@ -47,3 +47,5 @@ def test_interactive_is_a_widget_in_jupyter_and_its_starting_output_on_a_static_
     assert calls == [(2.0, "a")]   # the slider's start; a list abbreviation leaves the function's default
     out = capsys.readouterr().out
     assert "x, link adjustable" in out and "x=2.0 link=a" in out
+    with pytest.raises(TypeError, match="fn must be a function"):
+        interactive(3, x=widgets.FloatSlider(value=2.0))

@@ -132,3 +132,10 @@ def test_measured_stage_times_replace_the_roofline():
     assert p.step_s == pytest.approx((M + K - 1) * (tf + tb) + t_opt, rel=1e-12)
     with pytest.raises(ValueError, match="stage_seconds must be 3 dicts"):
         replay_pipeline(roofline, CLOCK, "gpipe", M, stage_seconds=measured[:2])
+
+
+def test_stage_times_worker_refuses_a_count_of_repeats_below_one():
+    from course_lib.simulate.pipeline import stage_times_worker
+
+    with pytest.raises(ValueError, match="repeats"):
+        stage_times_worker(0, 2, repeats=0)   # checked before the worker touches the process group

@@ -159,12 +159,13 @@ def replay_pipeline(recorded: RecordedPipeline, profile: Profile, schedule: str 
     def seconds(events):
         return sum(profile.op_seconds(e.flops, e.bytes, e.view, e.name) for e in events)
 
-    t = {(k, kind): seconds(getattr(s, phase)) for k, s in enumerate(st)
-         for kind, phase in (("F", "forward"), ("B", "backward"), ("O", "optimizer"))}
-    if stage_seconds is not None:
-        if len(stage_seconds) != K or not all(isinstance(d, dict) and set(d) >= {"F", "B", "O"} for d in stage_seconds):
-            raise ValueError(f"stage_seconds must be {K} dicts with keys 'F', 'B', 'O' (one per stage); "
-                             f"got {stage_seconds!r}")
+    if stage_seconds is None:
+        t = {(k, kind): seconds(getattr(s, phase)) for k, s in enumerate(st)
+             for kind, phase in (("F", "forward"), ("B", "backward"), ("O", "optimizer"))}
+    elif len(stage_seconds) != K or not all(isinstance(d, dict) and set(d) >= {"F", "B", "O"} for d in stage_seconds):
+        raise ValueError(f"stage_seconds must be {K} dicts with keys 'F', 'B', 'O' (one per stage); "
+                         f"got {stage_seconds!r}")
+    else:
         t = {(k, kind): float(d[kind]) for k, d in enumerate(stage_seconds) for kind in ("F", "B", "O")}
     orders = schedules.order(schedule, K, M)
     arrival: dict[tuple, float] = {}          # (stage, kind, micro) -> when its input message arrives
