@@ -1,23 +1,33 @@
 # Scaling Deep Learning: the two quick-start commands.
 #   make lab            set up .venv and open the course in JupyterLab (make lab HEADLESS=1: no browser)
 #   make test           set up .venv and run every test: unit tests, notebooks and solutions under nbval
-# Other targets: make site (the course as a web site, in _build/site) | setup | exercises | doctor
-#                | bench NAME=cpu-mnist | clean
+# Other targets: make test-fast (unit tests only, for editing) | site (the course as a web site, in _build/site)
+#                | setup | exercises | doctor | bench NAME=cpu-mnist | clean
+#                | lock (re-lock after pyproject.toml changed) | latest (the suite on the newest releases)
+#                | upgrade (latest, then adopt its lock when the suite passed)
 PYTHON ?= python3
 VENV   ?= .venv
+# What .venv installs: exact versions with hashes, made from pyproject.toml by tools/lock.py (uv).
+LOCK   ?= requirements.lock
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Test processes: pytest-xdist workers, each running whole files (a notebook's cells stay in one kernel).
+JOBS   ?= auto
 # MNIST lives in the clone's data/ (git ignores it) unless COURSE_DATA_DIR says otherwise.
 export COURSE_DATA_DIR ?= $(CURDIR)/data
 # Jupyter refuses to run as root (containers, some classroom VMs) unless told it is deliberate.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
+# Quick mode (COURSE_QUICK=1) runs the same code with fewer epochs and samples; COURSE_LOCK is what the
+# installed versions are checked against (tests/test_lock.py, doctor).
+PYTEST := COURSE_QUICK=1 TQDM_DISABLE=1 COURSE_LOCK=$(abspath $(LOCK)) $(BIN)/python -m pytest -p no:cacheprovider \
+	-ra -n $(JOBS) --dist loadfile
 
-.PHONY: setup lab test site exercises doctor bench clean
+.PHONY: setup lab test test-fast site exercises doctor bench lock latest upgrade clean
 
-$(STAMP): requirements.txt pyproject.toml
+# pip checks every file against the lock's sha256 (hash-checking mode turns on with the first hash it reads).
+$(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -r requirements.txt
+	$(BIN)/python -m pip install -r $(LOCK)
 	$(BIN)/python -m pip install --no-deps -e .
 	touch $(STAMP)
 
@@ -27,10 +37,13 @@ lab: $(STAMP)
 	$(BIN)/python -m course_lib doctor || true
 	$(BIN)/jupyter lab --notebook-dir=. $(if $(HEADLESS),--no-browser,) $(ROOT_FLAG) notebooks/00_start_here.ipynb
 
-# Quick mode (COURSE_QUICK=1) runs the same code with fewer epochs and samples.
 test: $(STAMP)
-	COURSE_QUICK=1 TQDM_DISABLE=1 $(BIN)/python -m pytest --nbval-lax --nbval-current-env \
-		--nbval-cell-timeout=600 -p no:cacheprovider -ra tests notebooks solutions
+	$(PYTEST) --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --durations=20 $(PYTEST_ARGS) \
+		tests notebooks solutions
+
+# The unit tests without the notebooks and the slow end-to-end tests (marked slow): minutes, for editing.
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS) tests
 
 # Every lecture and exercise executed (outputs cached by content in _build/jupyter_cache), the instructor
 # guide and the API reference; COURSE_SITE_PAGES="notebooks/07_ddp ..." builds only those pages.
@@ -47,5 +60,18 @@ doctor: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m course_lib.bench $(or $(NAME),cpu-mnist)
 
+lock: $(STAMP)
+	$(BIN)/python -m pip install -q uv
+	$(BIN)/python tools/lock.py
+
+# The newest releases of everything in pyproject.toml, in .venv-latest: which packages moved, which tests broke.
+latest: $(STAMP)
+	$(BIN)/python -m pip install -q uv
+	$(BIN)/python tools/latest.py
+
+upgrade: $(STAMP)
+	$(BIN)/python -m pip install -q uv
+	$(BIN)/python tools/latest.py --adopt
+
 clean:
-	rm -rf $(VENV) .pytest_cache _build docs/api docs/_generated
+	rm -rf $(VENV) .venv-latest .pytest_cache _build docs/api docs/_generated

@@ -188,7 +188,7 @@ def describe() -> dict:
 
 def doctor(out=sys.stdout) -> int:
     """Print an environment report; return 0 if the course can run here, 1 otherwise."""
-    from . import data
+    from . import data, versions
 
     problems: list[str] = []
     if sys.version_info < (3, 10):
@@ -203,6 +203,7 @@ def doctor(out=sys.stdout) -> int:
         print(f"{'MNIST':>15}: found ({status.summary})", file=out)
     else:
         problems.append(data.missing_message(root, status.missing))
+    versions.report(out)
     if not facts["gpus"]:
         print(f"{'note':>15}: no CUDA GPU: every notebook runs on the CPU; GPU cells say so and fall back.", file=out)
     if problems:

@@ -80,7 +80,7 @@ html_title = project
 html_extra_path = ["_extra"]                       # /index.html forwards to the home page
 html_theme_options = {
     "repository_url": publish.repository_url(),
-    "repository_branch": publish.BRANCH,
+    "repository_branch": publish.release(),
     "path_to_docs": "",
     "use_repository_button": True,
     "use_download_button": True,

@@ -1,7 +1,8 @@
 """What publishing needs from the repository, kept in one place.
 
-- The repository's URL is one setting: `[project.urls] Repository` in pyproject.toml. The site's launch
-  buttons (docs/conf.py) and every notebook's install cell are made from it.
+- The repository's URL is one setting: `[project.urls] Repository` in pyproject.toml; the release they open is
+  another: `[tool.course_lib] release`, a git tag (a term's notebooks then never meet a later term's checks).
+  The site's launch buttons (docs/conf.py) and every notebook's install cell are made from both.
 - The install cell: the first code cell (right under the title) of every lecture, exercise and practicum. Opened outside the course's
   environment (Colab, or a Binder built without it), it pip-installs course_lib from the repository; where
   course_lib is importable (`make lab`, Binder, the grader, CI) it does nothing.
@@ -25,7 +26,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-BRANCH = "main"
 INSTALL_TAG = "install-course-lib"
 # Folders whose notebooks carry the install cell; exercises/ is generated from solutions/ and follows it.
 SYNCED = ("notebooks", "solutions")
@@ -40,6 +40,24 @@ def repository_url() -> str:
     if not found:
         raise ValueError('pyproject.toml needs [project.urls] Repository = "https://github.com/OWNER/NAME"')
     return found.group(1).rstrip("/")
+
+
+def release() -> str:
+    """The git tag (or branch) that install cells and launch buttons open: pyproject.toml's [tool.course_lib]."""
+    text = (REPO / "pyproject.toml").read_text()
+    found = re.search(r'^\[tool\.course_lib\][^\[]*?^release\s*=\s*"([^"]+)"', text, re.M | re.S)
+    if not found:
+        raise ValueError('pyproject.toml needs [tool.course_lib] release = "TAG" (the term\'s git tag)')
+    return found.group(1)
+
+
+def tested_torch() -> str:
+    """The torch release requirements.lock pins (on the newest Python, where the lock forks)."""
+    sys.path.insert(0, str(REPO))
+    from course_lib.versions import locked
+
+    return max((p.version for p in locked(REPO / "requirements.lock") if p.name == "torch"),
+               key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v)))
 
 
 def _code(nb: dict) -> str:
@@ -67,7 +85,14 @@ def install_cell_source(path: Path, nb: dict) -> str:
               "import sys",
               "",
               'if importlib.util.find_spec("course_lib") is None:',
-              f'    spec = "course_lib{extra} @ git+{repository_url()}@{BRANCH}"',
+              "    # pip adds what the runtime lacks; the runtime's own torch stays where it fits course_lib's range",
+              "    from importlib.metadata import PackageNotFoundError, version",
+              "    try:",
+              f'        print(f"This runtime brings torch {{version(\'torch\')}}; the course was tested with torch '
+              f'{tested_torch()}.")',
+              "    except PackageNotFoundError:",
+              "        pass",
+              f'    spec = "course_lib{extra} @ git+{repository_url()}@{release()}"',
               '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)']
     return "\n".join(lines)
 

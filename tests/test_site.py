@@ -51,7 +51,7 @@ def test_the_install_cell_installs_only_where_course_lib_is_missing(monkeypatch,
     else:
         (args,), kwargs = calls[0]
         assert args[1:5] == ["-m", "pip", "install", "-q"] and kwargs == {"check": True}
-        assert args[5] == f"course_lib[frameworks] @ git+{publish.repository_url()}@{publish.BRANCH}"
+        assert args[5] == f"course_lib[frameworks] @ git+{publish.repository_url()}@{publish.release()}"
 
 
 def test_the_course_map_covers_every_lecture_and_links_what_was_built():
@@ -166,8 +166,8 @@ def test_launch_buttons_carry_the_notebooks_path(browser, site):
     hrefs = [a.get_attribute("href") for a in browser.find_elements("css selector", "a") if a.get_attribute("href")]
     repo, path = publish.repository_url(), f"{LECTURE}.ipynb"
     owner_repo = repo.split("github.com/")[1]
-    assert f"https://colab.research.google.com/github/{owner_repo}/blob/{publish.BRANCH}/{path}" in hrefs
-    binder = [h for h in hrefs if h.startswith(f"https://mybinder.org/v2/gh/{owner_repo}/{publish.BRANCH}")]
+    assert f"https://colab.research.google.com/github/{owner_repo}/blob/{publish.release()}/{path}" in hrefs
+    binder = [h for h in hrefs if h.startswith(f"https://mybinder.org/v2/gh/{owner_repo}/{publish.release()}")]
     assert binder and all(path in h for h in binder), binder
     download = [h for h in hrefs if h.endswith(f"_sources/{path}")]
     assert download, "no download link to the .ipynb"
