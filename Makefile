@@ -65,13 +65,11 @@ lock: $(STAMP)
 	$(BIN)/python tools/lock.py
 
 # The newest releases of everything in pyproject.toml, in .venv-latest: which packages moved, which tests broke.
-latest: $(STAMP)
-	$(BIN)/python -m pip install -q uv
-	$(BIN)/python tools/latest.py
-
-upgrade: $(STAMP)
-	$(BIN)/python -m pip install -q uv
-	$(BIN)/python tools/latest.py --adopt
+# It needs only uv to resolve, so it starts from a bare .venv-latest, which then gets the newest lock.
+latest upgrade:
+	$(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/python -m pip install -q uv packaging
+	.venv-latest/bin/python tools/latest.py $(if $(filter upgrade,$@),--adopt,)
 
 clean:
 	rm -rf $(VENV) .venv-latest .pytest_cache _build docs/api docs/_generated

@@ -11,6 +11,8 @@ prints the packages that moved and each broken test with the moved packages its 
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import re
 import shutil
 import subprocess
@@ -78,7 +80,12 @@ def main(argv=None) -> int:
         report_moved(moved)
         return 1
     failures = broken(junit)
-    report(moved, failures)
+    text = io.StringIO()
+    report(moved, failures, text)
+    print(text.getvalue())
+    if os.environ.get("GITHUB_STEP_SUMMARY"):   # the scheduled workflow's run page shows it
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as summary:
+            summary.write("```\n" + text.getvalue() + "\n```\n")
     if run.returncode == 0 and not failures and args.adopt:
         shutil.copy(new_lock, lock.LOCK)
         lock.BINDER.write_text(lock.binder_requirements(lock.LOCK))

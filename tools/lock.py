@@ -17,14 +17,18 @@ without hashes, since the universal lock knows PyPI's wheels only.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from course_lib.versions import LOCK_NAME, locked, normalise  # noqa: E402
+# course_lib.versions by its path: importing the package would import torch, which make latest's bare venv lacks
+_spec = importlib.util.spec_from_file_location("course_lib_versions", ROOT / "course_lib" / "versions.py")
+versions = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(versions)
+LOCK_NAME, locked, normalise = versions.LOCK_NAME, versions.locked, versions.normalise
 
 LOCK = ROOT / LOCK_NAME
 BINDER = ROOT / "binder" / "requirements.txt"
