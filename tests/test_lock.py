@@ -1,5 +1,6 @@
 """The lock: what `make setup` installs is exactly what requirements.lock pins, and doctor says when it is not."""
 import io
+import re
 import os
 import subprocess
 import sys
@@ -168,3 +169,13 @@ def test_latest_names_the_broken_tests_and_the_moved_packages_in_their_traceback
     assert "3 package(s) moved" in text and "torch" in text and "2 test(s) broke" in text
     assert "moved packages in its traceback: lightning, torch" in text
     assert "AssertionError: weights differ" in text
+
+
+def test_the_readme_names_the_versions_the_lock_pins():
+    readme = (ROOT / "README.md").read_text()
+    line = readme[readme.index("**Tested with**"):].split(" on Python")[0]
+    named = re.findall(r"(torch|torchvision|torchao|Lightning|Keras|nbgrader|JupyterLab) (\d[\w.]*)", line)
+    assert len(named) == 7, line
+    pins = {(p.name, p.version) for p in versions.locked(ROOT / "requirements.lock")}
+    for name, version in named:
+        assert (versions.normalise(name), version) in pins, f"README says {name} {version}; the lock pins another"
