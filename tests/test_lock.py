@@ -173,7 +173,7 @@ def test_latest_names_the_broken_tests_and_the_moved_packages_in_their_traceback
 
 def test_the_readme_names_the_versions_the_lock_pins():
     readme = (ROOT / "README.md").read_text()
-    line = readme[readme.index("**Tested with**"):].split(" on Python")[0]
+    line = " ".join(readme[readme.index("**Tested with**"):].split(" on Python")[0].split())
     named = re.findall(r"(torch|torchvision|torchao|Lightning|Keras|nbgrader|JupyterLab) (\d[\w.]*)", line)
     assert len(named) == 7, line
     pins = {(p.name, p.version) for p in versions.locked(ROOT / "requirements.lock")}
