@@ -5,7 +5,8 @@ one pip-readable file with environment markers (torch's CUDA libraries only on L
 ...) and every wheel's sha256; pip-tools resolves for the machine it runs on only, so a lock made on Linux would
 not install on a Mac. Learners never need uv: pip installs the lock (`make setup`); only whoever re-locks does.
 
-    python tools/lock.py                    # re-lock after pyproject.toml changed; keeps every pin that still fits
+    python tools/lock.py                    # re-lock after pyproject.toml changed; keeps every pin that still fits,
+                                            # then checks each pin has a wheel for Linux x86_64/aarch64, macOS arm64
     python tools/lock.py --upgrade --out F  # the newest releases into F (make latest / make upgrade)
     python tools/lock.py --check            # offline: the lock satisfies pyproject.toml, binder/ derived from it
     python tools/lock.py --diff OLD NEW     # which packages moved between two locks
@@ -36,6 +37,10 @@ OLDEST_PYTHON = "3.10"          # pyproject's requires-python; the lock forks pe
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CUDA_ONLY = re.compile(r"^(nvidia-|cuda-|triton$)")   # torch's CUDA build pulls these in; its CPU build does not
 CPU_BUILD = ("torch", "torchvision")
+# Where a learner installs the lock: uv's platform names, and the oldest macOS that torch's wheels support.
+PLATFORMS = {"Linux x86_64": "x86_64-manylinux_2_28", "Linux aarch64": "aarch64-manylinux_2_28",
+             "macOS 14+ arm64": "aarch64-apple-darwin"}
+PYTHONS = (OLDEST_PYTHON, "3.13")
 
 
 def uv() -> list[str]:
@@ -53,6 +58,22 @@ def compile_lock(out: Path, upgrade: bool = False) -> None:
     if upgrade:
         cmd.append("--upgrade")
     subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def wheels_missing(lock: Path) -> list[str]:
+    """Each platform and Python (oldest, newest) where some pin of `lock` has no wheel (uv, online)."""
+    import os
+
+    missing = []
+    for name, platform in PLATFORMS.items():
+        for python in PYTHONS:
+            done = subprocess.run([*uv(), "pip", "compile", str(lock), "--python-platform", platform,
+                                   "--python-version", python, "--only-binary", ":all:", "--no-deps", "--quiet",
+                                   "--no-header", "-o", os.devnull], cwd=ROOT, capture_output=True, text=True,
+                                  env={**os.environ, "MACOSX_DEPLOYMENT_TARGET": "14.0"})
+            if done.returncode:
+                missing.append(f"{name}, Python {python}: {done.stderr.strip().splitlines()[-1]}")
+    return missing
 
 
 def binder_requirements(lock: Path) -> str:
@@ -131,10 +152,14 @@ def main(argv=None) -> int:
         return 1 if problems else 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     compile_lock(args.out, upgrade=args.upgrade)
+    missing = wheels_missing(args.out)
+    for line in missing:
+        print(f"no wheel for every pin on {line}", file=sys.stderr)
     if args.out == LOCK:
         BINDER.write_text(binder_requirements(LOCK))
-    print(f"wrote {args.out}" + (f" and {BINDER.relative_to(ROOT)}" if args.out == LOCK else ""))
-    return 0
+    print(f"wrote {args.out}" + (f" and {BINDER.relative_to(ROOT)}" if args.out == LOCK else "")
+          + f"; every pin has a wheel for {', '.join(PLATFORMS)} on Python {' and '.join(PYTHONS)}" * (not missing))
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":
