@@ -37,13 +37,14 @@ lab: $(STAMP)
 	$(BIN)/python -m course_lib doctor || true
 	$(BIN)/jupyter lab --notebook-dir=. $(if $(HEADLESS),--no-browser,) $(ROOT_FLAG) notebooks/00_start_here.ipynb
 
+# pytest's exit code 5 (no test collected, e.g. a -k that matches nothing) is not a failure of the course.
 test: $(STAMP)
 	$(PYTEST) --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --durations=20 $(PYTEST_ARGS) \
-		tests notebooks solutions
+		tests notebooks solutions || [ $$? -eq 5 ]
 
 # The unit tests without the notebooks and the slow end-to-end tests (marked slow): minutes, for editing.
 test-fast: $(STAMP)
-	$(PYTEST) -m "not slow" $(PYTEST_ARGS) tests
+	$(PYTEST) -m "not slow" --durations=10 $(PYTEST_ARGS) tests || [ $$? -eq 5 ]
 
 # Every lecture and exercise executed (outputs cached by content in _build/jupyter_cache), the instructor
 # guide and the API reference; COURSE_SITE_PAGES="notebooks/07_ddp ..." builds only those pages.

@@ -9,6 +9,14 @@ from course_lib.data import find_mnist
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+# Under pytest-xdist (make test: -n auto) the workers share the cores: each worker, and the notebook kernels and
+# launched ranks it starts (they inherit the variable), gets its share of threads. Without this every process
+# runs OpenMP on all cores and their threads spin against each other.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 needs_mnist = pytest.mark.skipif(not find_mnist().ok, reason="MNIST not found: set COURSE_DATA_DIR")
 
 

@@ -13,7 +13,9 @@ def test_the_flight_recorder_names_the_rank_that_never_joined(tmp_path):
     table = hang.read_dumps(tmp_path)
     # rank 0 entered #3; whether gloo has retired the timed-out #3 before the dump is a race: 2 or 3
     assert table[0]["enqueued"] == 3 and table[0]["completed"] in (2, 3)
-    assert table[1]["enqueued"] == table[1]["completed"] == 2 and table[1]["last"] == "gloo:all_reduce"
+    # rank 1 never entered #3. Its #2 has returned, but gloo marks it retired from its own callback thread,
+    # which on a busy machine may not have run when the rank dumps (seen once under make test -n 2): 1 or 2
+    assert table[1]["enqueued"] == 2 and table[1]["completed"] in (1, 2) and table[1]["last"] == "gloo:all_reduce"
     found = hang.analyse(tmp_path)                     # PyTorch's own analyser, fr_trace
     assert found["missing_ranks"] == {1} and found["collective_seq_id"] == 3
     assert "missing ranks: {1}" in found["report"]
