@@ -11,8 +11,9 @@ VENV   ?= .venv
 LOCK   ?= requirements.lock
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Test processes: pytest-xdist workers, each running whole files (a notebook's cells stay in one kernel).
-JOBS   ?= auto
+# Test processes: pytest-xdist workers, each running whole files (a notebook's cells stay in one kernel); one
+# per core, at most 4 (each worker with its kernels and launched ranks holds 1-2 GB).
+JOBS   ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1))" 2>/dev/null || echo 2)
 # MNIST lives in the clone's data/ (git ignores it) unless COURSE_DATA_DIR says otherwise.
 export COURSE_DATA_DIR ?= $(CURDIR)/data
 # Jupyter refuses to run as root (containers, some classroom VMs) unless told it is deliberate.

@@ -1,7 +1,7 @@
 """Worker functions for the launch tests: `fn(rank, world_size, *args)`.
 
 A top-level module of tests/ (pytest puts tests/ on sys.path: conftest.py, no __init__.py); the
-spawned workers inherit sys.path, so they import it by the same name.
+workers get the launcher's sys.path, so they import it by the same name.
 """
 from __future__ import annotations
 
@@ -44,3 +44,8 @@ def add_rank_in_place(rank: int, world_size: int, t: torch.Tensor) -> list:
     t += rank
     dist.barrier()
     return t.tolist()
+
+
+def environment(rank: int, world_size: int, name: str) -> str | None:
+    """The worker's value of the environment variable `name`."""
+    return os.environ.get(name)

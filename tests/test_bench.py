@@ -96,6 +96,7 @@ def test_loader_benchmark_quick(capsys):
     assert summary["data"].startswith("2,000 of the ")
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_cpu_mnist_benchmark_quick_as_a_subprocess():
     out = subprocess.run([sys.executable, "-m", "course_lib.bench", "cpu-mnist", "--quick", "--json"],
@@ -139,6 +140,7 @@ def test_lectures_clock_without_notebooks_says_where_it_looked(tmp_path):
         lectures.time_lectures(tmp_path)
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_gpu_fast_benchmark_quick_on_any_device(capsys):
     """On a CPU the recipe runs without its compile row; each row is one epoch on 1,000 images."""

@@ -154,6 +154,7 @@ def _solution_source() -> str:
     return next(c.source for c in nb.cells if c.cell_type == "code" and "def ring_all_reduce" in c.source)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ring_check_passes_correct_answers_and_rejects_wrong_ones():
     from course_lib.checks.nb05 import ring_cases

@@ -166,6 +166,7 @@ SET_COUNTING = """def attach_bucket_hooks(buckets):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bucket_hooks_check_passes_correct_answers_and_rejects_wrong_ones():
     from course_lib.checks.nb07 import bucket_hook_cases, judge_bucket_hooks

@@ -171,6 +171,7 @@ def _variant(source: str, old: str, new: str) -> str:
     return source.replace(old, new)
 
 
+@pytest.mark.slow
 def test_horovod_check_passes_the_solution_and_rejects_wrong_answers():
     from course_lib.checks.nb16 import judge_horovod
     from course_lib.distributed.launch import launch

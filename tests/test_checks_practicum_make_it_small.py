@@ -218,6 +218,7 @@ def test_given_model_is_trained_once_cached_outside_the_repo_and_deterministic(t
 
 # --- measuring real answers (MNIST: the data in use) --------------------------------------------
 
+@pytest.mark.slow
 @needs_mnist
 def test_reference_solution_earns_every_tier_with_a_margin(reference):
     r = reference
@@ -265,6 +266,7 @@ def test_an_answer_tuned_to_one_students_budget_fails_anothers(reference):
         pm.check_floor(dataclasses.replace(lower, **mis.student_terms("alice")))  # floor: baseline - 0.9 pt
 
 
+@pytest.mark.slow
 @needs_mnist
 @pytest.mark.parametrize("name,expected", [
     ("fp32 state dict", tiers(**{"round trip": True, "floor": True})),
@@ -303,6 +305,7 @@ def failure(check, *args) -> str:
     return str(info.value)
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_a_decompress_that_is_not_deterministic_fails_the_hidden_check():
     r = measured("not deterministic")
@@ -310,6 +313,7 @@ def test_a_decompress_that_is_not_deterministic_fails_the_hidden_check():
     assert "different logits" in failure(pm.check_deterministic, r)
 
 
+@pytest.mark.slow
 @needs_mnist
 @pytest.mark.parametrize("name", sorted(CHEATS))
 def test_cheats_are_refused_in_the_measuring_processes(name):
@@ -319,6 +323,7 @@ def test_cheats_are_refused_in_the_measuring_processes(name):
     assert r.tiers() == tiers() and "failed at " + stage in failure(pm.check_round_trip, r)
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_weights_from_a_file_the_answer_cell_wrote_beforehand(tmp_path):
     """The answer cell runs unguarded in the grading kernel: say it saved the given model to a file."""
@@ -337,6 +342,7 @@ def test_weights_from_a_file_the_answer_cell_wrote_beforehand(tmp_path):
     assert "found the weights somewhere else" in failure(pm.check_not_the_given_model, r)
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_weights_hidden_in_the_code_count_toward_the_size():
     blob = io.BytesIO()
@@ -350,6 +356,7 @@ def test_weights_hidden_in_the_code_count_toward_the_size():
     assert "code" in failure(pm.check_budget, r, 200_000)
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_a_compress_that_hangs_is_stopped(monkeypatch):
     monkeypatch.setitem(mis.SECONDS, "compress", 5.0)
@@ -418,6 +425,7 @@ def submission(tmp_path, answers: dict) -> Path:
     return path
 
 
+@pytest.mark.slow
 @needs_mnist
 @pytest.mark.timeout(900)
 def test_grading_the_solution_the_student_version_and_a_cheat(tmp_path, monkeypatch):
@@ -454,6 +462,7 @@ def test_grading_the_solution_the_student_version_and_a_cheat(tmp_path, monkeypa
     assert seconds["solution"] < 600     # loose: timing on a shared machine is noisy
 
 
+@pytest.mark.slow
 @needs_mnist
 @pytest.mark.timeout(900)
 def test_nbgrader_autogrades_the_solution_full_and_the_release_zero(tmp_path, monkeypatch):

@@ -40,6 +40,7 @@ def solution_run():
     return ps.run_ddp(SCRIPT, quiet=True)
 
 
+@pytest.mark.slow
 def test_reference_solution_passes(solution_run):
     assert solution_run.returncode == 0 and solution_run.world_size == 2
     for check in CHECKS:
@@ -47,6 +48,7 @@ def test_reference_solution_passes(solution_run):
     ps.check_torchrun_command(NS["torchrun_command"])
 
 
+@pytest.mark.slow
 def test_stubs_fail():
     run = ps.run_ddp("raise NotImplementedError()\n", quiet=True)
     for check in CHECKS:
@@ -59,6 +61,7 @@ def test_stubs_fail():
         ps.check_torchrun_command(stub)
 
 
+@pytest.mark.slow
 def test_no_set_epoch_and_every_rank_checkpoints_and_prints():
     run = variant(("        sampler.set_epoch(epoch)", "        pass"), ("        if rank == 0:", "        if True:"))
     with pytest.raises(AssertionError, match="set_epoch"):
@@ -72,6 +75,7 @@ def test_no_set_epoch_and_every_rank_checkpoints_and_prints():
     ps.check_seeding(run)
 
 
+@pytest.mark.slow
 def test_same_seed_on_every_rank_and_no_distributed_sampler():
     run = variant(("torch.manual_seed(args.seed + rank)", "torch.manual_seed(args.seed)"),
                   ("DistributedSampler(dataset, shuffle=True, seed=args.seed)",
@@ -86,6 +90,7 @@ def test_same_seed_on_every_rank_and_no_distributed_sampler():
     ps.check_rank_logs(run)
 
 
+@pytest.mark.slow
 def test_sampler_without_seed_wrapper_keys_and_scaled_lr():
     run = variant(("DistributedSampler(dataset, shuffle=True, seed=args.seed)", "DistributedSampler(dataset)"),
                   ('"model": model.module.state_dict()', '"model": model.state_dict()'),
@@ -99,6 +104,7 @@ def test_sampler_without_seed_wrapper_keys_and_scaled_lr():
     ps.check_seeding(run)
 
 
+@pytest.mark.slow
 def test_wrong_launch_commands_fail():
     with pytest.raises(AssertionError, match="failed"):      # plain python: no torchrun, no process group
         ps.check_torchrun_command(lambda script, nproc, port: [sys.executable, script])
@@ -120,6 +126,7 @@ if not marker.exists():                       # first launch: die as PyTorch's g
 '''
 
 
+@pytest.mark.slow
 def test_pytorchs_gloo_shutdown_race_is_retried_once_and_only_that():
     run = ps.run_ddp(RACE_ONCE, timeout=60, quiet=True)
     assert run.returncode == 0, run.console           # the second launch, in a fresh folder, went through
@@ -140,6 +147,7 @@ def test_bad_input_and_where_the_children_find_course_lib():
 
 # --- per-student variants (course_lib.grading.variants): 2 or 3 ranks and the seed come from the student id ------
 
+@pytest.mark.slow
 def test_the_solution_passes_another_students_variant_on_3_ranks(monkeypatch):
     monkeypatch.setenv("COURSE_STUDENT_ID", "alice")            # alice: 3 ranks, seed 7
     world_size, settings = ps.student_settings()

@@ -52,6 +52,7 @@ def rows(out):
         return {r["student"]: r for r in csv.DictReader(f)}
 
 
+@pytest.mark.slow
 def test_the_gradebook_row_by_row(graded):
     _, _, out, code, stdout = graded
     assert code == 0, stdout
@@ -79,6 +80,7 @@ def test_feedback_and_gradescope_results_say_why(graded):
     assert hidden in source.read_text() and all(hidden not in p.read_text() for p in out.rglob("*.md"))
 
 
+@pytest.mark.slow
 def test_a_rerun_grades_only_what_changed(graded, capsys):
     source, subs, out, _, _ = graded
     stamps = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/grade.json")}
@@ -98,6 +100,7 @@ def test_a_rerun_grades_only_what_changed(graded, capsys):
     assert changed == {"bob"} and rows(out)["bob"]["total"] == "3" and len(rows(out)) == len(stamps)
 
 
+@pytest.mark.slow
 def test_a_grader_that_overruns_is_stopped_and_retried(tmp_path, monkeypatch):
     source, nb = toy_source(tmp_path)
     subs = tmp_path / "subs"
@@ -151,6 +154,7 @@ def test_histogram_and_summary_of_a_small_class():
     assert "slowest: b/n.ipynb 8 s, c/n.ipynb 5 s, a/n.ipynb 2 s" in text and "c/n.ipynb (timeout)" in text
 
 
+@pytest.mark.slow
 def test_gradescope_run_autograder_grades_one_submission(tmp_path):
     """tools/gradescope/run_autograder as Gradescope runs it, in a stand-in for /autograder."""
     (tmp_path / "source" / "solutions").mkdir(parents=True)

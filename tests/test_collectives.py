@@ -7,6 +7,7 @@ from course_lib.distributed.launch import launch
 from course_lib.distributed.ring import plot_ring_step, ring_schedule, ring_state, ring_stepper
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_every_collective_matches_torch_distributed(world_size):
@@ -17,6 +18,7 @@ def test_every_collective_matches_torch_distributed(world_size):
         assert max(errors.values()) < 1e-5, (rank, errors)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ring_spreads_traffic_evenly_and_naive_piles_it_on_rank_0():
     n, numel = 4, 1000

@@ -6,6 +6,7 @@ from course_lib import compile_demo as C
 from course_lib.models import Net
 
 
+@pytest.mark.slow
 def test_compiled_chain_matches_eager_in_one_fused_kernel():
     x, y = torch.randn(4096), torch.randn(4096)
     result = C.try_compile(C.elementwise_chain, x, y)

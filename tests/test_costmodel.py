@@ -129,6 +129,7 @@ def test_plot_and_helpers():
         cm.measure([1024], repeats=0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_quick_benchmark_measures_both_implementations_on_two_ranks():
     """Structure only: timings on a shared machine are noise, never asserted."""

@@ -14,6 +14,7 @@ from course_lib.distributed.ddp_overlap import bucket_sweep, mlp, overlap_summar
 from course_lib.distributed.launch import launch
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_flat_and_bucketed_match_torch_ddp(world_size):
@@ -76,6 +77,7 @@ def test_bad_arguments_are_refused_by_name():
         ShardedTensorLoader(torch.zeros(4), torch.zeros(5))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_overlap_trace_has_an_all_reduce_that_starts_during_backward(tmp_path):
     """BucketedDDP launches bucket 0 from a gradient hook, inside backward: deterministic, not a timing."""
@@ -89,6 +91,7 @@ def test_overlap_trace_has_an_all_reduce_that_starts_during_backward(tmp_path):
     assert overlap_summary(timeline)["during_backward_ms"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bucket_sweep_counts_one_all_reduce_per_bucket():
     rows = launch(bucket_sweep, 2, [0.01, 100.0], 64, 1, timeout=100)[0]
@@ -99,6 +102,7 @@ def test_bucket_sweep_counts_one_all_reduce_per_bucket():
     assert all(r["step_ms"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_comm_hooks_bytes_and_training(tmp_path):
     out = launch(compare_comm_hooks, 2, HOOKS, 5, 16, 256, timeout=140)
@@ -111,6 +115,7 @@ def test_comm_hooks_bytes_and_training(tmp_path):
         assert all(len(r["losses"]) == 5 and 0 <= r["test_accuracy"] <= 1 for r in rank_rows)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_join_lets_uneven_ranks_finish_with_the_same_weights():
     out = launch(uneven_inputs_with_join, 2, 2, 3, timeout=100)

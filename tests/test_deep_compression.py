@@ -141,6 +141,7 @@ def test_tables_show_our_numbers_beside_the_papers(compressed):
         P.paper_rows({"alexnet": r})
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_quick_benchmark_keys(capsys):
     assert bench.main(["compression", "--quick", "--json"]) == 0

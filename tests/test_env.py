@@ -124,12 +124,14 @@ def _run_doctor(**extra_env):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_doctor_cli_exits_0_with_data():
     proc = _run_doctor()
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_doctor_cli_exits_1_without_data(tmp_path):
     proc = _run_doctor(COURSE_DATA_DIR=str(tmp_path), COURSE_DOWNLOAD="0")
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -59,6 +59,7 @@ def test_cli_check_exit_status(tmp_path, in_the_course_root, capsys):
     assert "there is no folder" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_run_from_another_folder_names_the_missing_folder(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [      # keep pip --target installs
         str(Path(course_lib.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
@@ -95,6 +96,7 @@ def test_grade_ids_are_unique_across_the_course():
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
 def test_every_check_fails_on_the_untouched_exercise(path, tmp_path):
     """Run the generated student notebook as a student would before writing anything."""

@@ -176,6 +176,7 @@ def test_horovod_course_lines_are_found_in_course_lib():
     assert all(r["course"] and all(":" in where and line for where, line in r["course"]) for r in rows)
 
 
+@pytest.mark.slow
 def test_horovod_shim_trains_exactly_like_torch_ddp():
     from course_lib import horovod_map
     from course_lib.distributed.launch import launch

@@ -76,6 +76,7 @@ def in_the_course_root(monkeypatch):
     monkeypatch.chdir(ROOT)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(grade.jail.available() is not None, reason="without the jail a detached process can escape")
 def test_a_hang_and_a_detached_process_cost_one_test_and_leave_nothing_behind(toy, tmp_path, marker, monkeypatch):
     """An answer that starts a detached process, one that hangs when called: the hang costs its test, a fresh
@@ -92,6 +93,7 @@ def test_a_hang_and_a_detached_process_cost_one_test_and_leave_nothing_behind(to
     assert report.status["toy_mul_test"] == "timeout"
 
 
+@pytest.mark.slow
 def test_the_total_deadline_and_bad_timeouts(toy, tmp_path):
     path, nb = toy
     sub = submission(tmp_path, nb, {"toy_add": "import time\ntime.sleep(60)"})
@@ -102,6 +104,7 @@ def test_the_total_deadline_and_bad_timeouts(toy, tmp_path):
         cli.main([str(sub), "--source", str(path), "--cell-timeout", "0"])
 
 
+@pytest.mark.slow
 def test_toy_solution_full_points_and_student_version_zero(toy, tmp_path):
     path, nb = toy
     report = grade.grade(path, path)
@@ -114,6 +117,7 @@ def test_toy_solution_full_points_and_student_version_zero(toy, tmp_path):
     assert all("NotImplementedError" in m for m in report.messages.values())
 
 
+@pytest.mark.slow
 def test_os_exit_and_infinite_loop_cost_only_their_cells(toy, tmp_path):
     path, nb = toy
     sub = submission(tmp_path, nb, {"toy_add": "import os\nos._exit(1)",                # kills the kernel
@@ -232,6 +236,7 @@ MALFORMED = {   # what is wrong: (the file's content, made from the toy notebook
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", MALFORMED)
 def test_a_malformed_submission_scores_zero_with_a_note_and_no_traceback(case, toy, tmp_path):
     """Checked before anything runs: the usual report (exit 1, as for any unreadable submission), score 0
@@ -252,6 +257,7 @@ def test_a_malformed_submission_scores_zero_with_a_note_and_no_traceback(case, t
     assert f"could not read the submission: {report['error']}" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_missing_submission_is_reported_without_a_traceback(tmp_path):
     env = cli_env()
     done = subprocess.run([sys.executable, "-m", "course_lib.grade", "missing.ipynb"], cwd=tmp_path, env=env,
@@ -285,6 +291,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_grading_needs_its_extra_and_nothing_else_does():
     env = cli_env()
     done = subprocess.run([sys.executable, "-c", BLOCKED_IMPORTS], env=env, capture_output=True, text=True, timeout=300)
@@ -298,6 +305,7 @@ def test_grading_needs_its_extra_and_nothing_else_does():
                                             if line.lstrip().startswith(("import ", "from "))), path
 
 
+@pytest.mark.slow
 def test_exercise_07_solution_and_student_version():
     report = grade.grade(ROOT / "solutions" / EX07)      # the bucket-hook check runs 2 ranks in the sandbox
     assert report.score == report.max_score == 10, report.messages
@@ -305,6 +313,7 @@ def test_exercise_07_solution_and_student_version():
     assert report.max_score == 10 and set(report.points.values()) == {0.0}
 
 
+@pytest.mark.slow
 def test_monkeypatching_the_checks_does_not_help(tmp_path):
     nb = nbformat.read(str(ROOT / "exercises" / EX07), as_version=4)
     sub = submission(tmp_path, nb, {
@@ -323,6 +332,7 @@ def test_monkeypatching_the_checks_does_not_help(tmp_path):
     assert "AssertionError" in report.messages["ex07_shard_indices_test"]
 
 
+@pytest.mark.slow
 @needs_mnist
 @pytest.mark.timeout(600)
 def test_practicum_solution_full_points_and_student_version_zero():

@@ -438,6 +438,7 @@ def score_problems(report: dict, honest: float) -> list[str]:
     return []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IN_KERNEL)
 def test_an_attack_in_the_answer_cell_earns_nothing_and_leaves_nothing(name, guard, tmp_path, capfd):
     attack = IN_KERNEL[name]
@@ -506,6 +507,7 @@ def cli_problems(done, honest: float, forged: str) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ON_THE_GRADER)
 def test_an_attack_on_the_grader_process_does_not_change_its_report(name, guard, tmp_path):
     attack = ON_THE_GRADER[name]
@@ -520,6 +522,7 @@ def test_an_attack_on_the_grader_process_does_not_change_its_report(name, guard,
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_afterwards_the_untouched_exercise_still_scores_0_and_the_solution_4(tmp_path):
     """Last in this file: the next clean submissions grade as before all the attacks."""
     exercise = make_submission(tmp_path / "exercise", None)

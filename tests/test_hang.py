@@ -5,6 +5,7 @@ from course_lib.distributed import hang
 from course_lib.distributed.launch import WorkerError
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_flight_recorder_names_the_rank_that_never_joined(tmp_path):
     error = hang.run_uneven_job(tmp_path, world_size=2, short_rank=1, steps=3, timeout_s=2.0)

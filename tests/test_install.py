@@ -39,6 +39,7 @@ def run_installed(installed, *args, timeout=300):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_wheel_is_what_python_imports_and_it_holds_no_notebooks_or_solutions(installed):
     site, _ = installed
     out = run_installed(installed, "-c", "import course_lib; print(course_lib.__file__)")
@@ -50,6 +51,7 @@ def test_the_wheel_is_what_python_imports_and_it_holds_no_notebooks_or_solutions
         "the GPU recordings lectures 04 and 11 show are package data"
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_the_installed_package_runs_doctor_and_trains_from_another_folder(installed):
     doctor = run_installed(installed, "-m", "course_lib", "doctor")

@@ -9,6 +9,7 @@ from course_lib.distributed.launch import WorkerError, choose_backend, launch
 from course_lib.processes import alive
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_all_reduce_results_come_back_in_rank_order(world_size):
     out = launch(workers.all_reduce_sum, world_size, 3)
@@ -19,6 +20,7 @@ def test_all_reduce_results_come_back_in_rank_order(world_size):
     assert {i["backend"] for i in info} == {choose_backend(2)}
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_reported_with_its_traceback_and_the_rest_are_killed():
     t0 = time.monotonic()
     with pytest.raises(WorkerError) as info:
@@ -29,6 +31,7 @@ def test_a_failing_rank_is_reported_with_its_traceback_and_the_rest_are_killed()
     assert "deliberate failure on rank 2" in err.remote_traceback and "fail_on_rank" in err.remote_traceback
 
 
+@pytest.mark.slow
 def test_timeout_kills_every_worker(tmp_path):
     with pytest.raises(TimeoutError, match="ranks \\[0, 1\\]"):
         launch(launch_workers.report_pid_then_sleep, 2, str(tmp_path), timeout=8)
@@ -37,6 +40,7 @@ def test_timeout_kills_every_worker(tmp_path):
     assert not any(alive(pid) for pid in pids), "no orphan worker may survive the launch"
 
 
+@pytest.mark.slow
 def test_a_process_a_worker_started_is_killed_with_it(tmp_path):
     with pytest.raises(TimeoutError):
         launch(launch_workers.start_child_then_sleep, 2, str(tmp_path), timeout=8)
@@ -75,7 +79,50 @@ def test_free_port_can_be_bound():
     assert 1024 <= port < 65536
 
 
+@pytest.mark.slow
 def test_each_rank_gets_its_own_copy_of_tensor_arguments():
     import torch
     out = launch(launch_workers.add_rank_in_place, 3, torch.zeros(2))
     assert out == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+
+
+def test_workers_are_forked_from_a_server_that_imported_torch_where_there_is_one():
+    import multiprocessing
+
+    from course_lib.distributed.launch import _context
+    expected = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    assert _context().get_start_method() == expected
+
+
+def test_workers_see_the_launchers_environment_as_it_is_now(monkeypatch):
+    launch(launch_workers.environment, 1, "COURSE_TEST_LAUNCH_ENV")      # the forkserver is running now
+    monkeypatch.setenv("COURSE_TEST_LAUNCH_ENV", "set after the server started")
+    assert launch(launch_workers.environment, 2, "COURSE_TEST_LAUNCH_ENV") == ["set after the server started"] * 2
+    monkeypatch.delenv("COURSE_TEST_LAUNCH_ENV")
+    assert launch(launch_workers.environment, 1, "COURSE_TEST_LAUNCH_ENV") == [None]
+
+
+def test_workers_exit_when_their_launcher_is_killed(tmp_path):
+    """A kernel restart kills the launcher with SIGKILL: no finally runs, yet its workers must not linger."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import launch_workers; "
+            "from course_lib.distributed.launch import launch; "
+            "launch(launch_workers.report_pid_then_sleep, 2, sys.argv[2], timeout=120)")
+    launcher = subprocess.Popen([sys.executable, "-c", code, str(launch_workers.__file__).rsplit("/", 1)[0],
+                                 str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = [int((tmp_path / str(r)).read_text()) for r in range(2)]
+        assert all(alive(pid) for pid in pids)
+    finally:
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids), "workers outlived their killed launcher"

@@ -109,6 +109,7 @@ def test_sbatch_template_builds_the_torchrun_command(tmp_path):
 TRAIN = ["course_lib.train", "--strategy", "ddp", "--no-progress", "--json"]
 
 
+@pytest.mark.slow
 @needs_mnist
 @needs_ddp
 @pytest.mark.timeout(120)
@@ -123,6 +124,7 @@ def test_two_nodes_on_localhost_train_as_one_world(marker):
     assert summaries[0]["world_size"] == 2
 
 
+@pytest.mark.slow
 @needs_mnist
 @pytest.mark.timeout(120)
 def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_with_the_same_weights(tmp_path, marker):

@@ -61,6 +61,7 @@ def autograde(api, tmp_path, assignment, student, notebooks: dict) -> dict:
     return scores
 
 
+@pytest.mark.slow
 def test_every_source_generates_the_exercise_we_ship(tmp_path):
     """nbgrader generate_assignment makes, cell for cell, the exercises/ copies course_lib.exercises writes."""
     course(tmp_path, "all", SOLUTIONS)
@@ -71,6 +72,7 @@ def test_every_source_generates_the_exercise_we_ship(tmp_path):
         assert "BEGIN HIDDEN TESTS" not in nbformat.writes(released)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_autograde_exercise_07_solution_full_and_release_zero(tmp_path):
     name = "07_ddp_exercises.ipynb"
@@ -83,6 +85,7 @@ def test_autograde_exercise_07_solution_full_and_release_zero(tmp_path):
                          "total": 0, "max": 10}
 
 
+@pytest.mark.slow
 @needs_mnist
 @pytest.mark.timeout(900)
 def test_autograde_practicum_solution_full_points(tmp_path):

@@ -7,6 +7,7 @@ from course_lib.distributed.collectives import traffic_matrix
 from course_lib.distributed.launch import launch
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_param_server_sharded_server_and_all_reduce_reach_the_same_weights():
     n, steps, servers = 3, 10, 2       # 2 sharded servers on 3 ranks: rank 2 only pushes and pulls

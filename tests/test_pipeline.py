@@ -33,6 +33,7 @@ def test_train_refuses_a_batch_that_does_not_split():
         P.train(0, 2, "gpipe", 4, batch=10)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_ranks_train_like_one_process_and_like_torch():
     ref = P.train_single(steps=3)
@@ -52,6 +53,7 @@ def test_two_ranks_train_like_one_process_and_like_torch():
         assert torch_cmp[-1][f"{name}_loss"] == pytest.approx(ref["losses"][0], abs=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_four_ranks_activation_memory_and_torch():
     ref = P.train_single(steps=2, batch=16)
@@ -88,6 +90,7 @@ def test_summarize_defines_efficiency_from_stage_times():
     assert row["measured/predicted"] == 1.0 and row["busy fraction"] == 0.6    # 0.06 / (2 x 0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pipeline_benchmark_quick(capsys):
     assert bench.main(["pipeline", "--quick", "--json"]) == 0

@@ -42,6 +42,7 @@ def test_traced_steps_refuses_a_batch_that_does_not_split():
         pipeline_trace.traced_steps(0, 2, "gpipe", 4, batch=10)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_measured_timeline_runs_the_schedule_and_saves_a_chrome_trace(tmp_path):
     name, K, M, steps = "1f1b", 2, 4, 2          # 1F1B: forwards and backwards interleave, a stricter order

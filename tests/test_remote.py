@@ -151,6 +151,7 @@ def test_a_reply_that_is_not_plain_data_is_refused(tmp_path):
     assert not proof.exists() and not Path(f"/tmp/{proof.name}").exists()
 
 
+@pytest.mark.slow
 def test_a_hang_runs_into_the_deadline_and_the_sandbox_is_killed(tmp_path):
     sandbox = Sandbox(tmp_path)
     sandbox.deadline = time.monotonic() + 60
@@ -171,6 +172,7 @@ def test_decode_accepts_plain_data_only():
             wire.decode(bad, None)
 
 
+@pytest.mark.slow
 def test_the_sandbox_cannot_see_the_grader_environment_secret(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_SOLUTIONS_DIR", str(tmp_path / "private"))
     sandbox = Sandbox(tmp_path)

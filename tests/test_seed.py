@@ -31,6 +31,7 @@ def test_seed_train_refuses_bad_arguments():
         seed_train(log_every=0)
 
 
+@pytest.mark.slow
 @needs_mnist
 @pytest.mark.filterwarnings("ignore:Implicit dimension choice")
 def test_seed_train_runs_on_a_tiny_subset_and_reports():

@@ -120,6 +120,7 @@ def three_ranks():
     return launch(measure_sharding, 3, 3, 62, 2, timeout=240)
 
 
+@pytest.mark.slow
 def test_hand_sharded_and_zero1_equal_ddp_adam_on_3_ranks_with_padding(three_ranks):
     results = [r["zero"] for r in three_ranks]
     n = sum(p.numel() for p in shard_friendly_mlp(62, 2).parameters())
@@ -148,6 +149,7 @@ def test_fsdp_equals_ddp_and_the_shards_add_up_on_3_ranks(three_ranks):
     assert results[2]["shapes"]["5.weight"] == [[10, 62], [2, 62]]          # 10 rows: 4, 4, 2
 
 
+@pytest.mark.slow
 def test_sharding_benchmark_quick(capsys):
     assert bench.main(["sharding", "--quick", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -158,6 +160,7 @@ def test_sharding_benchmark_quick(capsys):
     assert summary["zero1_max_weight_diff"] < 1e-6 and summary["fsdp_max_loss_diff"] < 1e-5
 
 
+@pytest.mark.slow
 def test_fsdp_trace_holds_all_gathers_and_reduce_scatters(tmp_path):
     """2 ranks, 2 traced steps of 3 sharded layers; gloo names them FSDP::all_gather (i) (FSDP2's own
     record_function), c10d::_reduce_scatter_base_ (the dispatcher op) and gloo:all_gather on its threads."""

@@ -93,6 +93,7 @@ def ddp_recording():
     return record_ddp(2, batch=32, bucket_mb=0.02, steps=3, calibrate=True)
 
 
+@pytest.mark.slow
 def test_ddp_recording_has_one_all_reduce_per_bucket(ddp_recording):
     sizes = [torch.empty(numel, device="meta") for _, numel, _ in ddp_recording.params]
     buckets = assign_buckets(sizes, 0.02)
@@ -221,6 +222,7 @@ def test_bench_simulate_reports_the_error_of_each_prediction(ddp_recording, monk
             (s[f"ddp{world}_predicted_ms"] - s[f"ddp{world}_measured_ms"]) / s[f"ddp{world}_measured_ms"])
 
 
+@pytest.mark.slow
 def test_fsdp_step_records_gathers_and_scatters_and_replays_them_as_half_rings():
     from course_lib.simulate.record import record_fsdp
     rec = record_fsdp(2, width=64, depth=2, batch=8, steps=1)

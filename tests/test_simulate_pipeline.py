@@ -114,6 +114,7 @@ def test_bad_arguments_name_the_argument_and_the_allowed_values():
         record_stages([], torch.zeros(2, 20), F.cross_entropy)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_replay_of_the_measured_two_stage_step_has_its_order_and_roughly_its_time():
     result = compare_measured("gpipe", 4, steps=2, batch=128, width=512)   # bench simulate: the full size

@@ -127,6 +127,7 @@ def screenshot(driver, name: str) -> None:
         driver.save_screenshot(str(Path(folder) / name))
 
 
+@pytest.mark.slow
 def test_home_page_course_map_links_resolve(browser, site):
     browser.get(f"{site}/index.html")   # forwards to the home page
     browser.find_element("css selector", "article table")
@@ -144,6 +145,7 @@ def test_home_page_course_map_links_resolve(browser, site):
     assert "Outputs computed on" in footer and "training images" in footer and "quick mode" in footer, footer
 
 
+@pytest.mark.slow
 def test_lecture_page_shows_plots_highlighted_code_and_its_modules(browser, site):
     browser.get(f"{site}/{LECTURE}.html")
     images = browser.find_elements("css selector", "div.cell_output img")
@@ -161,6 +163,7 @@ def test_lecture_page_shows_plots_highlighted_code_and_its_modules(browser, site
     screenshot(browser, "lecture07.png")
 
 
+@pytest.mark.slow
 def test_launch_buttons_carry_the_notebooks_path(browser, site):
     browser.get(f"{site}/{LECTURE}.html")
     hrefs = [a.get_attribute("href") for a in browser.find_elements("css selector", "a") if a.get_attribute("href")]
@@ -176,6 +179,7 @@ def test_launch_buttons_carry_the_notebooks_path(browser, site):
     assert notebook == json.loads((REPO / path).read_text())   # the notebook itself, as stored (no outputs)
 
 
+@pytest.mark.slow
 def test_exercise_page_runs_as_a_student_opens_it(browser, site):
     browser.get(f"{site}/exercises/07_ddp_exercises.html")
     text = browser.find_element("css selector", "article").text

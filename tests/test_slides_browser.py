@@ -88,6 +88,7 @@ def browser(tmp_path):
         driver.quit()
 
 
+@pytest.mark.slow
 def test_lecture_opens_as_slides(lab, browser):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By

@@ -5,6 +5,7 @@ from course_lib.distributed.launch import launch
 from course_lib.distributed.spmd import holdings, max_difference, spmd_program, train_single
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_spmd_2x2_mesh_equals_single_process():
     ranks = launch(spmd_program, 4, timeout=150)

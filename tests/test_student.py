@@ -15,6 +15,7 @@ def broken(tensor):
     raise ValueError("student bug")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_launch_student_runs_the_source_on_every_rank():
     out = launch_student(scaled_sum, 2, torch.ones(3), 2.0)

@@ -11,6 +11,7 @@ def test_shard_range():
         shard_range(10, 0, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_tensor_parallel_equals_unsharded_and_torch(world_size):

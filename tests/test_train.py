@@ -142,12 +142,14 @@ def test_cli_cuda_without_gpu_is_a_clear_error():
     assert result.returncode == 2 and "no CUDA GPU" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_offline_without_data_says_where_to_put_it(tmp_path):
     result = cli("--epochs", "1", env_extra={"COURSE_DATA_DIR": str(tmp_path), "COURSE_DOWNLOAD": "0"}, timeout=60)
     assert result.returncode == 2
     assert "COURSE_DATA_DIR" in result.stderr and "MNIST/raw" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_cli_json_summary():
     result = cli("--epochs", "1", "--train-subset", "512", "--json", "--no-progress", "--model", "lenet300")
@@ -214,6 +216,7 @@ def test_compile_trains_the_compiled_model(monkeypatch):
     assert summary["compile"] is True and len(compiled) == 1 and summary["epochs_run"] == 1
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_resume_after_a_crash_ends_with_the_same_weights(tmp_path, monkeypatch):
     common = ["--epochs", "3", "--train-subset", "256", "--batch-size", "32", "--no-progress", "--model", "net"]
@@ -246,6 +249,7 @@ def test_history_defaults_are_empty():
     assert History().mean_images_per_second == 0.0 and History().train_seconds == 0.0
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_under_a_launcher_the_cli_leaves_without_interpreter_teardown():
     """Under torchrun (MASTER_ADDR set) the CLI flushes and leaves with os._exit: no atexit handler runs,
@@ -264,6 +268,7 @@ def test_under_a_launcher_the_cli_leaves_without_interpreter_teardown():
         assert ("TEARDOWN RAN" in out.stdout) is teardown, out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
     (["--train-subset", "100000000"], "--train-subset 100,000,000 is more than the training set holds"),
 ])
@@ -273,6 +278,7 @@ def test_cli_refuses_a_subset_larger_than_the_training_set(args, message):
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_cli_says_when_the_checkpoint_folder_cannot_be_created(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")

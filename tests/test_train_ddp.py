@@ -28,6 +28,7 @@ def parse(args):
     return train.build_parser().parse_args(args)
 
 
+@pytest.mark.slow
 @needs_mnist
 @pytest.mark.timeout(240)
 def test_two_ddp_ranks_equal_one_process_with_twice_the_batch(tmp_path):
@@ -71,6 +72,7 @@ def test_launch_mistakes_are_clear_errors(monkeypatch, tmp_path):
         loop.fit(torch.nn.Linear(2, 2), [], skip_batches=-1)
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_resume_mid_epoch_ends_with_the_same_weights(tmp_path, monkeypatch):
     common = ["--epochs", "2", "--train-subset", "256", "--batch-size", "32", "--no-progress", "--model", "net",

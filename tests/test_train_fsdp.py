@@ -19,6 +19,7 @@ def parse(args):
     return train.build_parser().parse_args(args)
 
 
+@pytest.mark.slow
 @needs_mnist
 @pytest.mark.timeout(240)
 def test_fsdp_under_torchrun_equals_ddp_even_after_a_killed_rank_restarts(tmp_path):

@@ -85,6 +85,7 @@ def test_cli_refuses_fp16_on_cpu_and_says_what_to_use():
     assert "--precision 16" in result.stderr and "CUDA" in result.stderr and "--precision bf16" in result.stderr
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_cli_bf16_json_summary():
     result = cli("--precision", "bf16", "--epochs", "1", "--train-subset", "512", "--json", "--no-progress",
@@ -94,6 +95,7 @@ def test_cli_bf16_json_summary():
     assert summary["precision"] == "bf16" and 0.5 < summary["test_accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_precision_benchmark_quick(capsys):
     assert bench.main(["precision", "--quick", "--json"]) == 0
