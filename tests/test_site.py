@@ -1,6 +1,7 @@
 """The published site, built for real and opened in a real browser (Debian's chromium through selenium).
 
-A subset keeps CI short: the home page, lecture 07 and its exercises, executed in quick mode on the data CI
+A subset keeps CI short: the home page, lecture 03 and its exercises (3 plots, 13 s in quick mode where 07 takes
+a minute; nbval runs every notebook anyway), executed in quick mode on the data CI
 has, with their API pages. The checks are what a reader meets: the course map's links resolve, a lecture page
 shows its plots as images and its code highlighted, the launch buttons carry the notebook's own path in the
 repository, the download is the notebook, and the footer says which data the outputs were computed on.
@@ -23,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
 import publish  # noqa: E402
 
 REPO = publish.REPO
-PAGES = ["notebooks/07_ddp", "exercises/07_ddp_exercises"]
-LECTURE = "notebooks/07_ddp"
+PAGES = ["notebooks/03_data_loading", "exercises/03_data_loading_exercises"]
+LECTURE = "notebooks/03_data_loading"
+TAUGHT = "course_lib.data"     # a module lecture 03 imports
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
@@ -134,9 +136,9 @@ def test_home_page_course_map_links_resolve(browser, site):
     assert browser.current_url.endswith("/docs/index.html")
     screenshot(browser, "home.png")
     links = [a.get_attribute("href") for a in browser.find_elements("css selector", "article table a")]
-    assert any(h.endswith("notebooks/07_ddp.html") for h in links)
-    assert any(h.endswith("exercises/07_ddp_exercises.html") for h in links)
-    assert any("/docs/api/course_lib.distributed.ddp.html" in h for h in links)
+    assert any(h.endswith(f"{LECTURE}.html") for h in links)
+    assert any(h.endswith(f"{PAGES[1]}.html") for h in links)
+    assert any(f"/docs/api/{TAUGHT}.html" in h for h in links)
     hrefs = (a.get_attribute("href") for a in browser.find_elements("css selector", "a[href]"))
     internal = {h.split("#")[0] for h in hrefs if h and h.startswith(site)}
     broken = [h for h in sorted(internal) if status(h) != 200]
@@ -156,11 +158,10 @@ def test_lecture_page_shows_plots_highlighted_code_and_its_modules(browser, site
     plain = browser.find_element("css selector", "div.cell_input div.highlight pre")
     assert keyword.value_of_css_property("color") != plain.value_of_css_property("color")
     taught = [a.get_attribute("href") for a in browser.find_elements("css selector", "div.admonition.note a")]
-    assert any(h.endswith("/docs/api/course_lib.distributed.ddp.html#module-course_lib.distributed.ddp")
-               for h in taught)
+    assert any(h.endswith(f"/docs/api/{TAUGHT}.html#module-{TAUGHT}") for h in taught)
     assert all(status(h.split("#")[0]) == 200 for h in taught)
     browser.execute_script("window.scrollTo(0, 0)")
-    screenshot(browser, "lecture07.png")
+    screenshot(browser, "lecture.png")
 
 
 @pytest.mark.slow
@@ -181,7 +182,7 @@ def test_launch_buttons_carry_the_notebooks_path(browser, site):
 
 @pytest.mark.slow
 def test_exercise_page_runs_as_a_student_opens_it(browser, site):
-    browser.get(f"{site}/exercises/07_ddp_exercises.html")
+    browser.get(f"{site}/{PAGES[1]}.html")
     text = browser.find_element("css selector", "article").text
     assert "NotImplementedError" in text   # the answer cells are not filled in
     assert "BEGIN HIDDEN TESTS" not in text and "### BEGIN SOLUTION" not in text
