@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -54,7 +55,8 @@ def uv() -> list[str]:
 def compile_lock(out: Path, upgrade: bool = False) -> None:
     """Resolve pyproject.toml with every extra into `out`; without `upgrade`, `out`'s existing pins are kept."""
     cmd = [*uv(), "pip", "compile", str(ROOT / "pyproject.toml"), "--all-extras", "--universal",
-           "--generate-hashes", "--python-version", OLDEST_PYTHON, "--custom-compile-command", "make lock", "-o", str(out), "--quiet"]
+           "--generate-hashes", "--python-version", OLDEST_PYTHON, "--custom-compile-command", "make lock",
+           "-o", str(out), "--quiet"]
     if upgrade:
         cmd.append("--upgrade")
     subprocess.run(cmd, cwd=ROOT, check=True)
@@ -62,8 +64,6 @@ def compile_lock(out: Path, upgrade: bool = False) -> None:
 
 def wheels_missing(lock: Path) -> list[str]:
     """Each platform and Python (oldest, newest) where some pin of `lock` has no wheel (uv, online)."""
-    import os
-
     missing = []
     for name, platform in PLATFORMS.items():
         for python in PYTHONS:
@@ -72,7 +72,7 @@ def wheels_missing(lock: Path) -> list[str]:
                                    "--no-header", "-o", os.devnull], cwd=ROOT, capture_output=True, text=True,
                                   env={**os.environ, "MACOSX_DEPLOYMENT_TARGET": "14.0"})
             if done.returncode:
-                missing.append(f"{name}, Python {python}: {done.stderr.strip().splitlines()[-1]}")
+                missing.append(f"{name}, Python {python}: {(done.stderr.strip().splitlines() or ['uv failed'])[-1]}")
     return missing
 
 
