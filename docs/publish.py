@@ -51,6 +51,7 @@ def release() -> str:
     return found.group(1)
 
 
+@functools.cache
 def tested_torch() -> str:
     """The torch release requirements.lock pins (on the newest Python, where the lock forks)."""
     sys.path.insert(0, str(REPO))
