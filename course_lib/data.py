@@ -133,10 +133,39 @@ def normalize(images_uint8: torch.Tensor) -> torch.Tensor:
     return ((images_uint8.float() / 255.0) - MNIST_MEAN).div_(MNIST_STD).unsqueeze(1)
 
 
+def read_idx(path) -> torch.Tensor:
+    """One MNIST file in the IDX format as a uint8 tensor: a big-endian header (two zero bytes, the type
+    0x08 for unsigned bytes, the number of dimensions), one 4-byte size per dimension, then the bytes.
+
+    What torchvision's MNIST reads too, without importing torchvision (seconds per process: it loads
+    torch._dynamo through its detection ops) in every training run and launched rank.
+    """
+    data = Path(path).read_bytes()
+    ndim = data[3] if len(data) >= 4 else 0
+    if data[:3] != b"\x00\x00\x08" or ndim not in (1, 3) or len(data) < 4 + 4 * ndim:
+        raise ValueError(f"{path} is not an MNIST IDX file of unsigned bytes (its header is {data[:4].hex() or 'empty'})")
+    shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    body = 4 + 4 * ndim
+    if len(data) - body != math.prod(shape):
+        raise ValueError(f"{path} is truncated or padded: its header says {shape} ({math.prod(shape):,} bytes) "
+                         f"but {len(data) - body:,} bytes follow")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=body).view(shape)
+
+
 @functools.lru_cache(maxsize=4)
 def _raw_tensors(split: str, root: str) -> tuple[torch.Tensor, torch.Tensor]:
-    ds = mnist_dataset(split, root, transform=None)
-    return ds.data, ds.targets
+    """(images uint8 [N, 28, 28], labels int64 [N]) of `split`: the same tensors as torchvision's MNIST
+    `.data` and `.targets` (tests/test_data.py compares them)."""
+    status = find_mnist(root)
+    if not status.ok:
+        _download(Path(root), status.missing)
+    raw = Path(root) / "MNIST" / "raw"
+    images_file, labels_file = RAW_FILES[split]
+    images, labels = read_idx(raw / images_file), read_idx(raw / labels_file)
+    if images.dim() != 3 or labels.dim() != 1 or len(images) != len(labels):
+        raise ValueError(f"{raw}: {images_file} and {labels_file} do not match: images {list(images.shape)}, "
+                         f"labels {list(labels.shape)}")
+    return images, labels.long()
 
 
 def load_tensors(split: str = "train", root=None, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -97,9 +97,10 @@ def measure_bandwidth_gbs(nbytes: int = 64 * 2**20, device="cpu", repeats: int =
 def peak_flops(device="cpu", dtype=torch.float32) -> Peak:
     """The peak FLOP/s to divide by for MFU: a known GPU's datasheet figure, else a measured matmul.
 
-    A CPU's peak is measured (1024 x 1024 matmuls, as `measure_matmul_gflops`): the ISA estimate
-    is an upper bound that the CPU rarely reaches. Measured once per process, device and dtype
-    (about 0.1-0.3 s on a laptop), then cached. `source` says "measured: ..." or "estimated: ...".
+    A CPU's peak is measured (1024 x 1024 matmuls, as `measure_matmul_gflops`; smaller where the CPU
+    computes the dtype in software, see `_cpu_matmul_size`): the ISA estimate is an upper bound that
+    the CPU rarely reaches. Measured once per process, device and dtype (about 0.1-0.3 s on a laptop),
+    then cached. `source` says "measured: ..." or "estimated: ...".
     """
     _check_dtype(dtype)
     return _peak_flops(get_device(str(device)), dtype)
@@ -111,11 +112,23 @@ def _peak_flops(device: torch.device, dtype) -> Peak:
         sheet = gpu_peak_from_name(torch.cuda.get_device_name(device), dtype)
         if sheet.gflops is not None:
             return Peak(sheet.gflops * 1e9, f"estimated: {sheet.explanation}")
-    n = 1024 if device.type == "cpu" else 4096     # a GPU needs a larger matmul to fill its cores
+    n = _cpu_matmul_size(dtype) if device.type == "cpu" else 4096   # a GPU needs a larger matmul to fill its cores
     # the best of 3 single timings: a peak is what the device reaches when nothing disturbs it
     gflops = max(measure_matmul_gflops(n, dtype, device, repeats=1) for _ in range(3))
     where = f"the CPU with {torch.get_num_threads()} torch thread(s)" if device.type == "cpu" else str(device)
     return Peak(gflops * 1e9, f"measured: the best of 3 {n}x{n} {dtype} matmuls on {where}")
+
+
+def _cpu_matmul_size(dtype, budget_s: float = 0.05) -> int:
+    """1024, or 512 or 256 where a 1024 matmul in `dtype` would take longer than `budget_s`: a CPU
+    without bf16/fp16 instructions computes them in software at ~1 GFLOP/s (seconds per 1024 matmul,
+    in every training run that reports MFU), where fp32 runs at ~100 GFLOP/s (about 20 ms)."""
+    n = 256
+    gflops = measure_matmul_gflops(n, dtype, "cpu", repeats=1)
+    while n < 1024 and 2 * (2 * n) ** 3 / (gflops * 1e9) <= budget_s:
+        n *= 2
+        gflops = measure_matmul_gflops(n, dtype, "cpu", repeats=1)
+    return n
 
 
 def _lscpu() -> str:

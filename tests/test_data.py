@@ -4,6 +4,7 @@ Tiny tensors made here stand in for MNIST wherever possible; samples carry their
 as the label, so "every sample exactly once" is a check on a list of integers.
 """
 import math
+import re
 import socket
 import time
 import urllib.error
@@ -256,6 +257,8 @@ def test_offline_without_download_fails_fast_with_instructions(monkeypatch, tmp_
     assert time.perf_counter() - t0 < 5
     assert_helpful(exc_info, tmp_path)
     assert "COURSE_DOWNLOAD=0" in str(exc_info.value)
+    with pytest.raises(MNISTNotFoundError, match="COURSE_DOWNLOAD=0"):
+        load_tensors("test")                              # the tensor path reads the files itself
     assert not list(tmp_path.iterdir()), "nothing is created when downloads are off"
 
 
@@ -362,6 +365,37 @@ def test_dataset_and_tensor_paths_agree():
         img, label = ds[i]
         torch.testing.assert_close(img, x[i], atol=1e-6, rtol=1e-6)
         assert label == y[i].item()
+
+
+@needs_mnist
+@pytest.mark.parametrize("split", data.SPLITS)
+def test_the_idx_reader_gives_torchvisions_tensors(split):
+    ds = mnist_dataset(split, transform=None)
+    images, labels = data._raw_tensors(split, str(data_root()))
+    assert images.dtype == ds.data.dtype and labels.dtype == ds.targets.dtype
+    assert torch.equal(images, ds.data) and torch.equal(labels, ds.targets)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "header is empty"),
+    (b"\x00\x00\x0d\x01" + (2).to_bytes(4, "big") + bytes(8), "not an MNIST IDX file of unsigned bytes"),
+    (b"\x00\x00\x08\x02" + (2).to_bytes(4, "big") * 2 + bytes(4), "not an MNIST IDX file"),
+    (b"\x00\x00\x08\x01" + (5).to_bytes(4, "big") + bytes(3), "says [5] (5 bytes) but 3 bytes follow"),
+    (b"\x00\x00\x08\x03" + (2).to_bytes(4, "big") * 3 + bytes(9), "truncated or padded"),
+], ids=["empty", "float32", "2-D", "short labels", "long images"])
+def test_a_broken_idx_file_is_named_with_what_is_wrong(tmp_path, content, message):
+    path = tmp_path / "t10k-labels-idx1-ubyte"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(message)) as exc_info:
+        data.read_idx(path)
+    assert str(path) in str(exc_info.value)
+
+
+def test_idx_shapes_come_from_the_header(tmp_path):
+    path = tmp_path / "images"
+    path.write_bytes(b"\x00\x00\x08\x03" + b"".join(n.to_bytes(4, "big") for n in (2, 3, 4)) + bytes(range(24)))
+    x = data.read_idx(path)
+    assert x.dtype == torch.uint8 and x.shape == (2, 3, 4) and x.flatten().tolist() == list(range(24))
 
 
 @needs_mnist

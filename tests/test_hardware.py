@@ -110,18 +110,23 @@ def test_measure_bandwidth_runs_small_and_refuses_bad_input():
             hardware.measure_bandwidth_gbs(**kwargs)
 
 
-def test_peak_flops_on_the_cpu_is_measured_once_per_process(monkeypatch):
+@pytest.mark.parametrize("speed, n", [(100.0, 1024), (1.0, 256), (10.0, 512)],
+                         ids=["fp32-like: 1024", "software bf16: 256", "in between: 512"])
+def test_peak_flops_on_the_cpu_is_measured_once_per_process(monkeypatch, speed, n):
     calls = []
 
-    def fake_measure(n, dtype, device, repeats):
-        calls.append(n)
-        return 100.0 + len(calls)              # best of 3: 103 GFLOP/s
+    def fake_measure(size, dtype, device, repeats):
+        calls.append(size)
+        return speed + len(calls)              # the last of the best of 3 is the largest
     monkeypatch.setattr(hardware, "measure_matmul_gflops", fake_measure)
     hardware._peak_flops.cache_clear()
     try:
         peak = hardware.peak_flops("cpu")
-        assert peak.flops == pytest.approx(103e9) and peak.source.startswith("measured:") and calls == [1024] * 3
-        assert hardware.peak_flops("cpu") is peak and len(calls) == 3          # cached
+        probes = [256, 512, 1024][: [256, 512, 1024].index(n) + 1]
+        assert calls == probes + [n] * 3, calls          # sizes grow while a matmul stays under 50 ms
+        assert peak.flops == pytest.approx((speed + len(calls)) * 1e9)
+        assert peak.source.startswith(f"measured: the best of 3 {n}x{n}")
+        assert hardware.peak_flops("cpu") is peak and len(calls) == len(probes) + 3          # cached
     finally:
         hardware._peak_flops.cache_clear()
 
