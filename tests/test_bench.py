@@ -153,9 +153,14 @@ def test_gpu_fast_benchmark_quick_on_any_device(capsys):
     expected_rows = ["defaults", "batch 512", "+ bf16", "+ bf16, NCHW"]
     expected_rows += ["+ compile"] if torch.cuda.is_available() else []
     assert summary["fastest_row"] in expected_rows and set(summary["seconds_to_target"]) == set(expected_rows)
-    assert summary["recipe"] == " ".join(["python -m course_lib.train", *gpu_fast.ROWS[summary["fastest_row"]]]).strip()
+    assert summary["recipe"] == gpu_fast.recipe_command(summary["fastest_row"])
     for row in expected_rows:
         assert f"== {row}:" in out
+
+
+def test_the_recipe_command_of_each_row_has_its_flags_and_no_trailing_space():
+    assert gpu_fast.recipe_command("defaults") == "python -m course_lib.train"     # the fastest on a busy CPU
+    assert gpu_fast.recipe_command("batch 512") == "python -m course_lib.train " + " ".join(gpu_fast.RECIPE[:4])
 
 
 def test_seconds_to_target_counts_training_time_up_to_the_first_epoch_that_reached_it():

@@ -27,7 +27,7 @@ def test_a_failing_rank_is_reported_with_its_traceback_and_the_rest_are_killed()
         launch(launch_workers.fail_on_rank, 3, 2, timeout=60)
     assert time.monotonic() - t0 < 30, "the error must arrive in seconds, not at the timeout"
     err = info.value
-    assert err.rank == 2 and "rank 2 failed" in str(err)
+    assert err.rank == 2 and "rank 2 failed" in str(err) and not err.rendezvous   # it failed inside fn
     assert "deliberate failure on rank 2" in err.remote_traceback and "fail_on_rank" in err.remote_traceback
 
 
@@ -126,3 +126,33 @@ def test_workers_exit_when_their_launcher_is_killed(tmp_path):
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in pids), "workers outlived their killed launcher"
+
+
+GLOO_RACE = ("Traceback (most recent call last):\n  ...\nRuntimeError: Gloo connectFullMesh failed with [pair.cc:561] "
+             "Connection closed by peer [127.0.0.1]:3740.\n")
+
+
+@pytest.mark.parametrize("first, retried", [
+    (WorkerError(1, GLOO_RACE, rendezvous=True), True),
+    (WorkerError(1, GLOO_RACE, rendezvous=False), False),                 # after fn started: a real failure
+    (WorkerError(0, "RuntimeError: the rank's own error\n", rendezvous=True), False),   # not Gloo's race
+], ids=["gloo race while joining", "gloo error in fn", "other error while joining"])
+def test_only_gloo_connect_failures_while_joining_start_the_ranks_once_more(monkeypatch, capsys, first, retried):
+    from course_lib.distributed import launch as launch_module
+    calls = []
+
+    def once(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise first
+        return ["second try"]
+    monkeypatch.setattr(launch_module, "_launch_once", once)
+    if retried:
+        assert launch(workers.all_reduce_sum, 2) == ["second try"] and len(calls) == 2
+        assert "could not connect to its peers (Gloo), before any work; starting the 2 ranks once more" in \
+            capsys.readouterr().err
+    else:
+        with pytest.raises(WorkerError) as exc_info:
+            launch(workers.all_reduce_sum, 2)
+        assert exc_info.value is first and len(calls) == 1
+

@@ -41,6 +41,11 @@ ROWS = {
 }
 
 
+def recipe_command(name: str) -> str:
+    """The training command of row `name`, as a learner would type it (the defaults' has no flags)."""
+    return " ".join(["python -m course_lib.train", *ROWS[name]])
+
+
 def seconds_to(target: float, out: dict):
     """Training seconds until the first epoch whose test accuracy reached `target`, or None."""
     elapsed = 0.0
@@ -76,7 +81,7 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
     split = train_split_size(data_dir)
     summary = {
         "benchmark": "gpu-fast", "device": recipe["device"], "target": TARGET,
-        "fastest_row": recipe_name, "recipe": "python -m course_lib.train " + " ".join(ROWS[recipe_name]),
+        "fastest_row": recipe_name, "recipe": recipe_command(recipe_name),
         "recipe_test_accuracy": recipe["test_accuracy"], "recipe_train_seconds": recipe["train_seconds"],
         "recipe_images_per_second": recipe["images_per_second"],
         "recipe_epoch_test_accuracy": recipe["epoch_test_accuracy"],

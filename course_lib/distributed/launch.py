@@ -30,6 +30,7 @@ import copy
 import datetime
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -45,11 +46,17 @@ BACKENDS = ("auto", "gloo", "nccl")
 
 
 class WorkerError(RuntimeError):
-    """A worker raised: `rank` is the failing rank, `remote_traceback` its traceback as text."""
+    """A worker raised: `rank` is the failing rank, `remote_traceback` its traceback as text;
+    `rendezvous` is True when it failed while joining the process group, before `fn` ran."""
 
-    def __init__(self, rank: int, remote_traceback: str):
-        self.rank, self.remote_traceback = rank, remote_traceback
+    def __init__(self, rank: int, remote_traceback: str, rendezvous: bool = False):
+        self.rank, self.remote_traceback, self.rendezvous = rank, remote_traceback, rendezvous
         super().__init__(f"rank {rank} failed; its traceback:\n{remote_traceback}")
+
+
+# Gloo's TCP mesh sometimes fails to connect on a busy machine, before any collective ran (PyTorch's own
+# Gloo tests are flaky the same way, pytorch/pytorch#53270): `launch` then starts the ranks once more.
+GLOO_CONNECT_FAILED = "Gloo connectFullMesh failed"
 
 
 def choose_backend(world_size: int, backend: str = "auto") -> str:
@@ -93,16 +100,18 @@ def _worker(rank, world_size, backend, port, timeout_s, threads, alive, environ,
     # work in place (as all-reduce does) would all write into the same storage.
     args = copy.deepcopy(args)
     torch.set_num_threads(threads)
+    joined = False
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)    # one machine: the local rank is the rank
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        joined = True
         results.put(("ok", rank, fn(rank, world_size, *args), time.time()))
     except BaseException:  # noqa: BLE001 - everything goes back to the launcher, with the rank
         # Timestamped: when one rank dies, its peers fail too ("connection closed"); the earliest is the cause.
-        results.put(("error", rank, traceback.format_exc(), time.time()))
+        results.put(("error" if joined else "rendezvous", rank, traceback.format_exc(), time.time()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -116,10 +125,10 @@ def _root_cause(results, first, grace_s: float = 1.0) -> WorkerError:
             status, rank, value, when = results.get(timeout=0.05)
         except queue.Empty:
             continue
-        if status == "error":
-            errors.append((when, rank, value))
-    _, rank, tb = min(errors)
-    return WorkerError(rank, tb)
+        if status != "ok":
+            errors.append((when, rank, value, status))
+    _, rank, tb, status = min(errors)
+    return WorkerError(rank, tb, rendezvous=status == "rendezvous")
 
 
 def _collect(procs, results, deadline: float, timeout: float) -> dict:
@@ -140,8 +149,8 @@ def _collect(procs, results, deadline: float, timeout: float) -> dict:
                 raise TimeoutError(f"launch timed out after {timeout:g} s; ranks {missing} had not finished "
                                    "(a rank waiting in a collective that another rank never joined?)")
             continue
-        if status == "error":
-            raise _root_cause(results, (when, rank, value))
+        if status != "ok":
+            raise _root_cause(results, (when, rank, value, status))
         outputs[rank] = value
     return outputs
 
@@ -160,16 +169,27 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 1
         raise ValueError(f"fn={getattr(fn, '__qualname__', fn)!r} is defined in a notebook or script: spawned "
                          "workers cannot import it. Put worker functions in a module (course_lib) and import them.")
     backend = choose_backend(world_size, backend)
+    deadline = time.monotonic() + timeout
+    try:
+        return _launch_once(fn, world_size, args, backend, deadline, timeout, threads_per_rank)
+    except WorkerError as exc:
+        if not (exc.rendezvous and GLOO_CONNECT_FAILED in exc.remote_traceback and time.monotonic() < deadline):
+            raise
+        print(f"launch: rank {exc.rank} could not connect to its peers (Gloo), before any work; starting the "
+              f"{world_size} ranks once more", file=sys.stderr)
+    return _launch_once(fn, world_size, args, backend, deadline, timeout, threads_per_rank)
+
+
+def _launch_once(fn, world_size, args, backend, deadline, timeout, threads_per_rank) -> list:
     ctx = _context()
     results = ctx.Queue()
     alive, launcher_alive = ctx.Pipe(duplex=False)   # workers read; closed by the launcher when it ends
     # The launcher holds the rendezvous store: a free port chosen by the OS, no race with other jobs.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout))
+                          timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
     procs = [ctx.Process(target=_worker, daemon=True,
                          args=(rank, world_size, backend, store.port, timeout, threads_per_rank, alive,
                                dict(os.environ), fn, args, results)) for rank in range(world_size)]
-    deadline = time.monotonic() + timeout
     try:
         for p in procs:
             p.start()
