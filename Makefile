@@ -26,9 +26,11 @@ PYTEST := COURSE_QUICK=1 TQDM_DISABLE=1 COURSE_LOCK=$(abspath $(LOCK)) $(BIN)/py
 .PHONY: setup lab test test-fast site exercises doctor bench lock latest upgrade clean
 
 # pip checks every file against the lock's sha256 (hash-checking mode turns on with the first hash it reads).
+# --no-deps: the lock already holds every dependency, and pip's resolver in hash mode refuses a locked package
+# that another one asks for with an extra (jsonschema[format-nongpl]) once a newer release exists (pypa/pip#9644).
 $(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -r $(LOCK)
+	$(BIN)/python -m pip install --no-deps -r $(LOCK)
 	$(BIN)/python -m pip install --no-deps -e .
 	touch $(STAMP)
 

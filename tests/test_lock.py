@@ -1,7 +1,7 @@
 """The lock: what `make setup` installs is exactly what requirements.lock pins, and doctor says when it is not."""
 import io
-import re
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -179,3 +179,19 @@ def test_the_readme_names_the_versions_the_lock_pins():
     pins = {(p.name, p.version) for p in versions.locked(ROOT / "requirements.lock")}
     for name, version in named:
         assert (versions.normalise(name), version) in pins, f"README says {name} {version}; the lock pins another"
+
+
+def test_every_command_that_installs_a_lock_skips_pips_resolver():
+    """pip's resolver in hash mode fails on a locked package that another asks for with an extra (here
+    jsonschema[format-nongpl]) whenever a newer release exists (pypa/pip#9644): a lock installed with
+    its resolver breaks in week 6. The lock is complete, so every install from it says --no-deps."""
+    commands = []
+    for name in ("Makefile", "README.md", "docs/INSTRUCTOR_GUIDE.md", ".ci/run", *map(str, (ROOT / ".github" /
+                 "workflows").glob("*.yml"))):
+        path = ROOT / name
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"pip (install|download)\b.*-r \S*(LOCK|\.lock)", line):
+                commands.append((path.name, number, line.strip()))
+    assert any(name == "Makefile" for name, _, _ in commands), commands      # make setup's install was found
+    wrong = [c for c in commands if "--no-deps" not in c[2]]
+    assert not wrong, f"installs from a lock without --no-deps: {wrong}"
