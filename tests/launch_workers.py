@@ -49,3 +49,8 @@ def add_rank_in_place(rank: int, world_size: int, t: torch.Tensor) -> list:
 def environment(rank: int, world_size: int, name: str) -> str | None:
     """The worker's value of the environment variable `name`."""
     return os.environ.get(name)
+
+
+def loaded(rank: int, world_size: int, names: list) -> list:
+    """Which of the modules `names` this worker had before it ran (forked from a server that preloaded them)."""
+    return [name for name in names if name in sys.modules]

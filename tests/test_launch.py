@@ -92,6 +92,8 @@ def test_workers_are_forked_from_a_server_that_imported_torch_where_there_is_one
     from course_lib.distributed.launch import _context
     expected = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     assert _context().get_start_method() == expected
+    if expected == "forkserver":        # torch, and what the first optimizer or DDP would import: seconds per rank
+        assert launch(launch_workers.loaded, 2, ["torch", "torch._dynamo"]) == [["torch", "torch._dynamo"]] * 2
 
 
 def test_workers_see_the_launchers_environment_as_it_is_now(monkeypatch):

@@ -76,7 +76,9 @@ def _context():
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])   # this module, and so torch: imported once, by the server
+    # This module, and so torch, imported once, by the server; and torch._dynamo, which torch imports on the
+    # first optimizer or DDP a process builds (about as long as torch itself: seconds per rank on a laptop).
+    ctx.set_forkserver_preload([__name__, "torch._dynamo"])
     return ctx
 
 
