@@ -126,13 +126,15 @@ def _check_argv(argv) -> None:
         raise TypeError(f"a command must be a non-empty list of strings (an argv); got {argv!r}")
 
 
-def start(argv, env: dict | None = None, cwd=None, **popen_kwargs) -> subprocess.Popen:
-    """Popen(argv) in a session of its own, with os.environ + OMP_NUM_THREADS=1 + `env` (one thread:
-    several processes share few cores). popen_kwargs (stdin, stdout, stderr, text) go to Popen."""
+def start(argv, env: dict | None = None, cwd=None, base: dict | None = None, **popen_kwargs) -> subprocess.Popen:
+    """Popen(argv) in a session of its own, with `base` (default os.environ) + OMP_NUM_THREADS=1 + `env` (one
+    thread: several processes share few cores). popen_kwargs (stdin, stdout, stderr, text) go to Popen."""
     _check_argv(argv)
-    if env is not None and not isinstance(env, dict):
-        raise TypeError(f"env must be a dict of extra variables or None; got {type(env).__name__}")
-    return subprocess.Popen(list(argv), cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    for name, value in (("env", env), ("base", base)):
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"{name} must be a dict of variables or None; got {type(value).__name__}")
+    environment = os.environ if base is None else base
+    return subprocess.Popen(list(argv), cwd=cwd, env={**environment, "OMP_NUM_THREADS": "1", **(env or {})},
                             start_new_session=True, **popen_kwargs)
 
 
@@ -174,11 +176,11 @@ def _stop(procs, seen: dict, grace: float) -> None:
 
 
 def run_commands(commands, timeout: float = 120.0, env: dict | list | None = None, cwd=None,
-                 grace: float = 5.0) -> list[CommandResult]:
+                 grace: float = 5.0, base: dict | None = None) -> list[CommandResult]:
     """Run each argv at once, each in its own session; on a failure or the deadline kill every tree.
 
     env: extra variables for every command, or a list with one dict per command (added to
-    os.environ and OMP_NUM_THREADS=1).
+    `base`, default os.environ, and OMP_NUM_THREADS=1).
     Returns one CommandResult (returncode, stdout, stderr, timed_out, pids seen) per command. When one
     command fails the others get `grace` seconds to notice (torchrun agents do) before they
     are killed: a node whose peer died would otherwise wait out the rendezvous timeout.
@@ -196,7 +198,7 @@ def run_commands(commands, timeout: float = 120.0, env: dict | list | None = Non
     try:
         deadline = time.monotonic() + timeout
         for cmd, extra, (out, err) in zip(commands, envs, files):
-            procs.append(start(cmd, env=extra, cwd=cwd, stdout=out, stderr=err, text=True))
+            procs.append(start(cmd, env=extra, cwd=cwd, base=base, stdout=out, stderr=err, text=True))
             seen[procs[-1].pid] = set()
         timed_out = _watch(procs, seen, deadline, grace)
     finally:

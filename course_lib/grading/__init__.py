@@ -5,6 +5,7 @@
     answers.py            the sandbox's side: run the student's cells, answer calls with plain data
     wire.py               what crosses between them: pickle in, plain data (weights_only) out
     jail.py               run a command in Linux namespaces: read-only files, private /tmp, own PIDs, nobody
+    environment.py        the allow-list of the grader's environment that student processes start from
     exercises.py          python -m course_lib.exercises: the student notebooks from solutions/
     student.py            run a function written in a notebook cell on N ranks (launch_student)
     make_it_small.py      practicum "Make it small": the given model, measure, remeasure

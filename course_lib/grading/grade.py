@@ -33,6 +33,8 @@ Trust boundary (the instructor guide's "What the grader protects against" says i
   student object), so nothing the student does can rewrite, skip or swap a test;
 - a test passes when its cell ran to its end here without an exception; a sandbox that hangs or
   dies fails that test only (a fresh sandbox runs the cells again for the tests after it);
+- student processes start from an allow-list of this process's environment (course_lib.grading.environment),
+  so a secret in the grader's shell cannot reach a report;
 - the student's output goes to the sandbox's own log, never to this process's stdout; the report
   (--report FILE) is written by this process after every sandbox process is dead.
 What the student's code measures about itself (e.g. the bytes a ring all-reduce sent, counted in

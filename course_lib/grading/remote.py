@@ -39,6 +39,7 @@ import course_lib
 from ..data import cache_dir, data_root
 from ..processes import kill_tree
 from . import jail, wire
+from .environment import sealed
 from .limits import Limits
 
 COURSE_ROOT = Path(course_lib.__file__).resolve().parent.parent
@@ -196,11 +197,12 @@ class Sandbox:
         self.sent: dict = {}                          # id -> (number, obj): what the grader sent
         self.by_number: dict = {}
         self.seen: dict = {}                          # number -> how the object looked when both sides agreed
-        env = {k: v for k, v in os.environ.items() if k != "COURSE_SOLUTIONS_DIR"}
-        env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(COURSE_ROOT), os.environ.get("PYTHONPATH")])),
-                   MPLBACKEND="Agg", IPYTHONDIR=str(self.work / ".ipython"), HOME=str(self.work),
-                   PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", COURSE_DATA_DIR=str(data_root().resolve()),
-                   COURSE_CACHE_DIR=str(self.work / ".cache"))
+        # the allow-list of the grader's environment (grading.environment), never all of it: it may hold secrets
+        env = sealed(dict(
+            PYTHONPATH=os.pathsep.join(filter(None, [str(COURSE_ROOT), os.environ.get("PYTHONPATH")])),
+            MPLBACKEND="Agg", IPYTHONDIR=str(self.work / ".ipython"), HOME=str(self.work),
+            PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", COURSE_DATA_DIR=str(data_root().resolve()),
+            COURSE_CACHE_DIR=str(self.work / ".cache")))
         argv = [sys.executable, "-c", "from course_lib.grading.answers import main; main()", str(self.work / "output.log")]
         jailed = jail.available() is None
         if jailed:

@@ -43,6 +43,7 @@ import course_lib
 
 from ..models import LeNet300
 from ..processes import kill_tree, start
+from .environment import sealed
 from .remote import student_command
 
 SECONDS = {"compress": 60.0, "decompress": 45.0}   # together under the grader's 120 s per cell
@@ -151,7 +152,7 @@ def run_child(role: str, request: dict, later=()) -> tuple[list, str]:
     with tempfile.TemporaryDirectory(prefix=f"make_it_small_{role}_") as tmp, open(Path(tmp) / "log", "w+b") as log:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")    # made now: the child may not mkdir
         (Path(tmp) / "inductor" / "dynamo").mkdir(parents=True)
-        proc = start(student_command([sys.executable, "-c", _CHILD, role], tmp), env=env, cwd=tmp, stdin=PIPE,
+        proc = start(student_command([sys.executable, "-c", _CHILD, role], tmp), env=env, cwd=tmp, base=sealed(), stdin=PIPE,
                      stdout=PIPE, stderr=log)
         inbox = _pump(proc.stdout)
         try:

@@ -32,6 +32,7 @@ from ..distributed.launch import free_port
 from ..env import pick
 from ..processes import run_commands
 from ..validate import positive_int
+from .environment import sealed
 from .remote import student_command
 from .variants import student_id, variant
 
@@ -122,7 +123,8 @@ def _on_a_free_port(command, timeout: float, **kwargs) -> tuple:
     Returns (returncode, stdout, stderr, timed_out, attempt).
     """
     for attempt in range(2):
-        (code, out, err, timed_out, _), = run_commands([command(free_port(), attempt)], timeout=timeout, **kwargs)
+        (code, out, err, timed_out, _), = run_commands([command(free_port(), attempt)], timeout=timeout,
+                                                       base=sealed(), **kwargs)
         if code == 0 or "EADDRINUSE" not in out + err:
             break
     return code, out, err, timed_out, attempt
