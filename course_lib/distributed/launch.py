@@ -17,6 +17,8 @@ What makes it safe to use in front of a class:
 - a worker's exception is re-raised here as WorkerError with that rank and its traceback, and the
   other ranks (perhaps stuck waiting in a collective for the dead one) are killed at once;
 - a deadline (`timeout`) for the whole launch, after which every worker is killed;
+- a Gloo mesh that fails to connect while the ranks join (a known flake on busy machines) starts the
+  ranks once more, within the same deadline; any other failure is raised at once;
 - no orphans: workers and whatever they started are killed on any exit from `launch`
   (course_lib.processes.kill_tree), and a worker whose launcher dies (kernel restart) exits by
   itself at once: it watches a pipe that only the launcher holds open.
