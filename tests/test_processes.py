@@ -140,3 +140,17 @@ def test_a_failing_node_stops_the_others_after_the_grace_period(marker):
                                                            env={"COURSE_TEST_MARKER": marker})
     assert c0 == 3 and "node failed" in e0 and not t0 and not t1
     assert c1 == -signal.SIGTERM and not any(alive(p) for p in pids)
+
+
+def test_start_from_a_given_base_environment_instead_of_this_processes(monkeypatch):
+    monkeypatch.setenv("COURSE_TEST_NOT_PASSED", "1")
+    proc = start([sys.executable, "-c", "import os; print(sorted(k for k in os.environ if k.startswith('COURSE_TEST')),"
+                  " os.environ['OMP_NUM_THREADS'], os.environ['EXTRA'])"],
+                 env={"EXTRA": "x"}, base={"PATH": os.environ["PATH"], "COURSE_TEST_BASE": "1"},
+                 stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert out.split() == ["['COURSE_TEST_BASE']", "1", "x"]
+    with pytest.raises(TypeError, match="base"):
+        start([sys.executable, "-c", "pass"], base=["PATH"])
+    with pytest.raises(TypeError, match="base"):
+        run_commands([[sys.executable, "-c", "pass"]], base="PATH=/bin")
