@@ -184,3 +184,13 @@ def test_rank_device_is_the_cpu_under_gloo_and_without_a_group(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "one")
     with pytest.raises(ValueError, match="LOCAL_RANK.*'one'"):
         env.rank_device()
+
+
+def test_importing_course_lib_freezes_the_collector_at_exit():
+    """A process that imported course_lib skips the last collections over torch's objects at exit (~1 CPU-s)."""
+    # atexit runs last-registered first: this handler, registered before the import, runs after course_lib's
+    probe = ("import atexit, gc, sys\n"
+             "atexit.register(lambda: sys.stdout.write(f'frozen {gc.get_freeze_count()}\\n'))\n"
+             "import course_lib\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert int(out.stdout.split()[-1]) > 10_000, out.stdout
