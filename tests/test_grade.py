@@ -104,6 +104,16 @@ def test_the_total_deadline_and_bad_timeouts(toy, tmp_path):
         cli.main([str(sub), "--source", str(path), "--cell-timeout", "0"])
 
 
+def test_a_setup_cell_that_fails_after_the_answers_is_a_note(toy, tmp_path):
+    path, nb = toy
+    nb.cells.insert(3, nbformat.v4.new_code_cell("# the lecture uses the answer\ntotal = add(1, 2)"))
+    nbformat.write(nb, str(path))
+    sub = submission(tmp_path, nb, {"toy_add": "def add(a, b):\n    raise ValueError('not yet')"})
+    report = grade.grade(sub, path)
+    assert report.notes == ["setup cell `total = add(1, 2)` failed: ValueError: not yet"], report.notes
+    assert grade.grade(path, path).notes == []
+
+
 @pytest.mark.slow
 def test_toy_solution_full_points_and_student_version_zero(toy, tmp_path):
     path, nb = toy
@@ -257,6 +267,16 @@ def test_a_malformed_submission_scores_zero_with_a_note_and_no_traceback(case, t
     assert f"could not read the submission: {report['error']}" in done.stdout
 
 
+def test_an_unreadable_renamed_submission_says_first_what_is_wrong_with_it(tmp_path, monkeypatch):
+    toy_source(tmp_path)
+    monkeypatch.setenv("COURSE_SOLUTIONS_DIR", str(tmp_path))
+    (tmp_path / "handed_in").mkdir()
+    (tmp_path / "handed_in" / "mine.ipynb").write_text("not a notebook")
+    with pytest.raises(FileNotFoundError, match=r"mine.ipynb is not a readable notebook: it is not JSON \(.*; "
+                                                r"and no source notebook for mine.ipynb"):
+        grade.grade(tmp_path / "handed_in" / "mine.ipynb")
+
+
 @pytest.mark.slow
 def test_a_missing_submission_is_reported_without_a_traceback(tmp_path):
     env = cli_env()
@@ -339,6 +359,8 @@ def test_practicum_solution_full_points_and_student_version_zero():
     name = "practicum_scale_out.ipynb"
     report = grade.grade(ROOT / "solutions" / name)
     assert report.score == report.max_score == 14, report.messages
+    # every cell ran without an error (make test leaves the practica's solutions to this, not to nbval)
+    assert all(note.startswith("graded as") for note in report.notes), report.notes
     report = grade.grade(ROOT / "exercises" / name)
     assert report.max_score == 14 and set(report.points.values()) == {0.0}
     assert "NotImplementedError" in report.messages["practicum_scale_out_logs_test"]

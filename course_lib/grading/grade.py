@@ -245,13 +245,19 @@ def _hidden(source: Path, submission: Path) -> list:
     return list(dict.fromkeys(hide))
 
 
+def _first_line(source: str) -> str:
+    """A cell named by its first line of code (setup cells have no grade_id)."""
+    lines = [line.strip() for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return (lines[0][:60] + ("..." if len(lines[0]) > 60 else "")) if lines else "(empty)"
+
+
 class _Runner:
     """The sandbox and the trusted namespace for one submission; restarts the sandbox when it is lost."""
 
     def __init__(self, plan: Plan, folder: Path, hide: list, cell_timeout: float, deadline: float):
         self.plan, self.folder, self.hide = plan, folder, hide
         self.cell_timeout, self.deadline = cell_timeout, deadline
-        self.box, self.generation, self.skip, self.answer_errors = None, 0, {}, {}
+        self.box, self.generation, self.skip, self.answer_errors, self.setup_errors = None, 0, {}, {}, {}
         self.ns = {"__name__": "__grading__", "__builtins__": builtins}
 
     def left(self) -> float:
@@ -281,8 +287,10 @@ class _Runner:
                         if grade_id:
                             self.answer_errors[grade_id] = str(exc)
                         raise
-                    if grade_id and reply.get("status") != "ok" and grade_id not in self.answer_errors:
-                        self.answer_errors[grade_id] = f"{reply.get('error')}: {str(reply.get('message'))[:300]}"
+                    if reply.get("status") != "ok":
+                        errors = self.answer_errors if grade_id else self.setup_errors
+                        errors.setdefault(grade_id or _first_line(source),
+                                          f"{reply.get('error')}: {str(reply.get('message'))[:300]}")
                 box.deadline = time.monotonic() + self.left()
                 values = box.get(self.plan.names)
             except SandboxLost:
@@ -341,7 +349,10 @@ def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float =
         sub_nb, error = read_notebook(submission), ""
     except ValueError as exc:
         sub_nb, error = None, str(exc)
-    source = find_source(submission, sub_nb, source)
+    try:
+        source = find_source(submission, sub_nb, source)
+    except FileNotFoundError as exc:   # say first that the file itself is broken: that is the student's to fix
+        raise FileNotFoundError(f"{error}; and {exc}" if error else str(exc)) from None
     plan = build(read_notebook(source), sub_nb)
     # unreadable: the error says why in one line; "answer missing" notes for every cell would only hide it
     report = Report(str(submission), str(source), notes=plan.notes if sub_nb is not None else [], error=error,
@@ -363,7 +374,9 @@ def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float =
             try:
                 for source_code, grade_id, points in plan.trusted:
                     status, message = runner.run(source_code, grade_id)
-                    if grade_id:
+                    if not grade_id and status != "passed":   # the source's own cell, beside the checks
+                        runner.setup_errors.setdefault(_first_line(source_code), f"(in the grader) {message}")
+                    elif grade_id:
                         report.max_points[grade_id], report.status[grade_id] = points, status
                         report.points[grade_id] = points if status == "passed" else 0.0
                         if message:
@@ -371,6 +384,8 @@ def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float =
             finally:
                 runner.close()
         report.notes += [f"answer cell {g!r}: {m[:200]}" for g, m in runner.answer_errors.items()]
+        # the instructor's setup cells: one failing after the answers ran usually means an answer broke a name
+        report.notes += [f"setup cell `{c}` failed: {m[:200]}" for c, m in runner.setup_errors.items()]
     report.score, report.max_score = sum(report.points.values()), sum(report.max_points.values())
     report.seconds = round(time.monotonic() - start, 1)
     return report
