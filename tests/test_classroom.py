@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import nbformat
 import pytest
 from nbtools import ROOT
 from test_grade import cli_env, submission, toy_source
@@ -113,6 +114,51 @@ def test_a_grader_that_overruns_is_stopped_and_retried(tmp_path, monkeypatch):
     monkeypatch.setattr(classroom, "SLACK_S", 60.0)   # a timeout is not final: the rerun grades it
     records = classroom.grade_class(subs, tmp_path / "out", jobs=1, source=source, timeout=120, progress=False)
     assert (records[0]["status"], records[0]["report"]["score"]) == ("graded", 6.0)
+
+
+def test_a_malformed_or_foreign_submission_is_explained_to_its_student(tmp_path, monkeypatch):
+    """Without --source: a renamed file that is not JSON scores 0 of its classmates' assignment and its student
+    reads why; a notebook of no assignment says so; the advice to pass --source is for the instructor only."""
+    (tmp_path / "solutions").mkdir()
+    source, nb = toy_source(tmp_path / "solutions")
+    monkeypatch.setenv("COURSE_SOLUTIONS_DIR", str(tmp_path / "solutions"))
+    subs = tmp_path / "submitted"
+    for student in ("ann", "bo"):
+        (subs / student / "ps1").mkdir(parents=True)
+        shutil.move(submission(tmp_path, nb, {}, name="toy.ipynb"), subs / student / "ps1" / "toy.ipynb")
+    (subs / "cy" / "ps1").mkdir(parents=True)
+    (subs / "cy" / "ps1" / "toy (1).ipynb").write_text('{"cells": [\n  {"cell_type": "code",\n  oops}')
+    (subs / "dee" / "ps1").mkdir(parents=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]),
+                   str(subs / "dee" / "ps1" / "mine.ipynb"))
+    out = tmp_path / "out"
+    records = {r["student"]: r for r in classroom.grade_class(subs, out, jobs=2, progress=False)}
+    assert [records[s]["report"]["score"] for s in ("ann", "bo")] == [6.0, 6.0]
+    cy, dee = records["cy"], records["dee"]
+    assert (cy["status"], cy["notebook"], cy["report"]["score"], cy["report"]["max_score"]) == \
+        ("unreadable", "toy.ipynb", 0.0, 6.0), cy
+    feedback = (out / "cy" / "feedback.md").read_text()
+    assert "is not a readable notebook: it is not JSON" in feedback and "line 3" in feedback, feedback
+    assert (dee["status"], dee["notebook"], dee["report"]["score"], dee["report"]["max_score"]) == \
+        ("no source", "toy.ipynb", 0.0, 6.0), dee
+    feedback = (out / "dee" / "feedback.md").read_text()
+    assert "mine.ipynb is not one of this course's assignments" in feedback, feedback
+    assert not any("--source" in p.read_text() for p in out.rglob("*") if p.suffix in (".md", ".json")
+                   and p.name != "grade.json")
+    summary = (out / "summary.txt").read_text()
+    assert "dee/toy.ipynb (no source)" in summary and "no source notebook for mine.ipynb" in summary \
+        and "pass --source" in summary, summary
+
+
+def test_an_unreadable_file_with_nothing_to_compare_is_0_of_0_and_says_why(tmp_path, monkeypatch):
+    (tmp_path / "solutions").mkdir()
+    monkeypatch.setenv("COURSE_SOLUTIONS_DIR", str(tmp_path / "solutions"))
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "subs" / "kim.ipynb").write_text("")
+    record, = classroom.grade_class(tmp_path / "subs", tmp_path / "out", progress=False)
+    assert (record["status"], record["report"]["max_score"]) == ("unreadable", 0.0)
+    assert "the file is empty" in (tmp_path / "out" / "kim" / "feedback.md").read_text()
+    assert "no source notebook for kim.ipynb" in record["why"]
 
 
 def test_layouts_flat_per_student_and_nbgrader(tmp_path):

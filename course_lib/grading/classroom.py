@@ -124,30 +124,53 @@ def grade_class(root, out, jobs: int | None = None, source=None, cell_timeout: f
         raise ValueError(f"--out {out} is inside the submissions folder {root}: pick a folder beside it")
     settings = {"cell_timeout": float(cell_timeout), "timeout": float(timeout), "limits": asdict(limits),
                 "variants": variants.VARIANTS}   # a changed variant table regrades the practica
-    records, todo = {}, []
-    for sub in subs:
-        (out / sub.folder).mkdir(parents=True, exist_ok=True)
-        try:
-            nb = read_notebook(sub.path)
-        except ValueError:
-            nb = None
-        try:
-            src = find_source(sub.path, nb, source)
-        except (FileNotFoundError, ValueError) as exc:
-            key = content_hash(sub.path, None, settings)
-            records[sub.folder] = _record(sub, key, "no source", _ungraded(sub, None, "no source", str(exc), 0.0), "")
-            gradebook.atomic_write(out / sub.folder / "grade.json", json.dumps(records[sub.folder]) + "\n")
-            continue
+    records, todo, sources, unmatched = {}, [], {}, []
+
+    def queue(sub, src):
         key = content_hash(sub.path, src, settings)
         old = _load(out / sub.folder / "grade.json")
         if not force and old and old.get("hash") == key and old.get("status") in FINAL:
             records[sub.folder] = old
         else:
             todo.append((sub, src, key))
+
+    for sub in subs:
+        (out / sub.folder).mkdir(parents=True, exist_ok=True)
+        try:
+            nb, unreadable = read_notebook(sub.path), ""
+        except ValueError as exc:
+            nb, unreadable = None, str(exc)
+        try:
+            sources[sub.folder] = find_source(sub.path, nb, source)
+            queue(sub, sources[sub.folder])
+        except (FileNotFoundError, ValueError) as exc:
+            unmatched.append((sub, unreadable, str(exc)))
+    for sub, unreadable, no_source in unmatched:
+        # Its assignment is the one its classmates handed in (in its ASSIGNMENT/ folder, or the whole class):
+        # graded 0 of those points, the student's feedback says what is wrong with the file, and the advice to
+        # the instructor (--source) goes to the summary only.
+        src = _assignment_of(sub, sources)
+        if unreadable and src:
+            queue(sub, src)
+            continue
+        error = unreadable or (f"{sub.path.name} is not one of this course's assignments: neither its name nor its "
+                               "cells' grade_ids match one (was it renamed, or made from another notebook?)")
+        report = _ungraded(sub, src, "failed", error, 0.0)
+        records[sub.folder] = _record(sub, content_hash(sub.path, src, settings),
+                                      "unreadable" if unreadable else "no source", report,
+                                      src.name if src else sub.path.name, no_source)
+        gradebook.atomic_write(out / sub.folder / "grade.json", json.dumps(records[sub.folder]) + "\n")
     _run(todo, out, jobs, cell_timeout, timeout, limits, records, len(subs), progress)
     result = [records[s.folder] for s in subs if s.folder in records]
     gradebook.write_all(out, result)
     return result
+
+
+def _assignment_of(sub: Submission, sources: dict) -> Path | None:
+    """The one source that the other submissions of `sub`'s assignment matched, if they agree on one."""
+    assignment = Path(sub.folder).parts[1:2] if len(Path(sub.folder).parts) == 3 else None   # STUDENT/ASSIGNMENT/nb
+    peers = {src for folder, src in sources.items() if assignment is None or Path(folder).parts[1:2] == assignment}
+    return peers.pop() if len(peers) == 1 else None
 
 
 def _run(todo, out, jobs, cell_timeout, timeout, limits, records, total, progress) -> None:

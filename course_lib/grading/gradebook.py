@@ -93,6 +93,7 @@ def summary(records: list[dict], slowest: int = 3) -> str:
     odd = [r for r in records if r["status"] != "graded"]
     lines.append("not graded normally: " + (", ".join(f"{r['student']}/{r['notebook']} ({r['status']})" for r in odd)
                                             if odd else "none"))
+    lines += [f"  {r['student']}/{r['notebook']}: {r['why']}" for r in odd if r.get("why")]   # for the instructor
     return "\n".join(lines)
 
 
