@@ -41,3 +41,10 @@ def fake_mnist(folder: Path, train_labels: torch.Tensor, n_test: int = 16) -> Pa
 # cuDNN's rounding, since its convolution backward adds in a nondeterministic order (seen on an
 # H200: at most 3.9e-6 apart after 3 epochs, once the GPU's RNG was checkpointed too).
 RESUME_TOLERANCE = dict(rtol=1e-3, atol=2e-5) if torch.cuda.is_available() else dict(rtol=1e-5, atol=1e-6)
+
+
+def a_student(exercise: str, wanted) -> str:
+    """The first id "student0", "student1", ... whose variant of `exercise` satisfies wanted(values): tests pick
+    students by what their variant is, so they hold whatever variants.TERM the instructor sets."""
+    from course_lib.grading.variants import variant
+    return next(s for s in (f"student{i}" for i in range(10_000)) if wanted(variant(s, exercise)))

@@ -17,9 +17,9 @@ import nbformat
 import pytest
 import torch
 
-from conftest import needs_mnist, write_idx
+from conftest import a_student, needs_mnist, write_idx
 from course_lib.checks import practicum_make_it_small as pm
-from course_lib.grading import grade, jail, sandbox
+from course_lib.grading import grade, jail, sandbox, variants
 from course_lib.grading import make_it_small as mis
 from course_lib.models import LeNet300
 from nbtools import ROOT
@@ -239,10 +239,14 @@ def test_reference_solution_earns_every_tier_with_a_margin(reference):
 
 
 @needs_mnist
-@pytest.mark.parametrize("student", ["alice", "carol", "erin"])   # 53 KB / 0.9 pt, 45 KB / 1.1, 51 KB / 1.2
-def test_reference_solution_earns_every_tier_in_other_students_variants(reference, student):
+@pytest.mark.parametrize("budget", ["smallest", "largest", "tightest floor"])
+def test_reference_solution_earns_every_tier_in_other_students_variants(reference, budget):
     import dataclasses
-    r = dataclasses.replace(reference, **mis.student_terms(student))
+    choices = variants.VARIANTS[NAME.removesuffix(".ipynb")][1]
+    wanted = {"smallest": lambda v: v["budget"] == min(choices["budget"]),
+              "largest": lambda v: v["budget"] == max(choices["budget"]),
+              "tightest floor": lambda v: v["floor_drop"] == min(choices["floor_drop"]) and v["budget"] != 50_000}
+    r = dataclasses.replace(reference, **mis.student_terms(a_student(NAME.removesuffix(".ipynb"), wanted[budget])))
     assert r.budgets[-1] != 50_000 and all(r.tiers().values()), r.report()
     pm.check_floor(r)
     pm.check_budget(r)
@@ -251,19 +255,23 @@ def test_reference_solution_earns_every_tier_in_other_students_variants(referenc
 
 @needs_mnist
 def test_an_answer_tuned_to_one_students_budget_fails_anothers(reference):
-    """alice's smallest budget is 53 KB, dave's 46 KB: an answer of 50 KB (padded code) passes for alice only;
-    an accuracy 1.0 point below the given model's meets dave's floor (1.1 points) but not alice's (0.9)."""
+    """Alice's smallest budget is over 50 KB, dave's under it: an answer of 50 KB (padded code) passes for alice
+    only; an accuracy 1.0 point below the given model's meets dave's floor (more than 1 point) but not alice's
+    (less than 1 point)."""
     import dataclasses
+    exercise = NAME.removesuffix(".ipynb")
+    alice = a_student(exercise, lambda v: v["budget"] > 50_000 and v["floor_drop"] < 0.010)
+    dave = a_student(exercise, lambda v: v["budget"] < 50_000 and v["floor_drop"] > 0.010)
     padding = 50_000 - reference.total_bytes
     tuned = dataclasses.replace(reference, code=reference.code + "#" * padding)
     assert tuned.total_bytes == 50_000
-    pm.check_budget(dataclasses.replace(tuned, **mis.student_terms("alice")))
-    with pytest.raises(AssertionError, match="over the 46 KB budget"):
-        pm.check_budget(dataclasses.replace(tuned, **mis.student_terms("dave")))
+    pm.check_budget(dataclasses.replace(tuned, **mis.student_terms(alice)))
+    with pytest.raises(AssertionError, match=f"over the {mis.student_terms(dave)['budgets'][-1] // 1000} KB budget"):
+        pm.check_budget(dataclasses.replace(tuned, **mis.student_terms(dave)))
     lower = dataclasses.replace(reference, accuracy=reference.baseline - 0.010)
-    pm.check_floor(dataclasses.replace(lower, **mis.student_terms("dave")))      # floor: baseline - 1.1 pt
-    with pytest.raises(AssertionError, match="0.9 point, your variant"):
-        pm.check_floor(dataclasses.replace(lower, **mis.student_terms("alice")))  # floor: baseline - 0.9 pt
+    pm.check_floor(dataclasses.replace(lower, **mis.student_terms(dave)))
+    with pytest.raises(AssertionError, match=f"{100 * mis.student_terms(alice)['floor_drop']:.1f} point, your variant"):
+        pm.check_floor(dataclasses.replace(lower, **mis.student_terms(alice)))
 
 
 @pytest.mark.slow
@@ -491,3 +499,30 @@ def test_pythonpath_folders_are_readable_but_the_test_set_still_is_not(monkeypat
     folders = sandbox.python_folders()
     assert os.path.realpath(course) not in folders and os.path.realpath(course.parent) not in folders
     assert os.path.realpath(extra) in folders
+
+
+@pytest.mark.slow
+@needs_mnist
+def test_a_term_with_private_hidden_tests_end_to_end(tmp_path, monkeypatch):
+    """The instructor's private copy (this term's seed for the hidden re-measurement, one more hidden test) is
+    checked against the public exercise, then grades from COURSE_SOLUTIONS_DIR: the private tests run."""
+    from course_lib.grading import exercises
+    nb = nbformat.read(str(ROOT / "solutions" / NAME), as_version=4)
+    assert "seed=20261122" in nbformat.writes(nb)
+    for cell in nb.cells:
+        cell.source = cell.source.replace("seed=20261122", "seed=20270301")
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "pr_small_50kb_test":
+            cell.source = cell.source.replace("### END HIDDEN TESTS",
+                                              "assert False, \"this term's private hidden test\"\n### END HIDDEN TESTS")
+    (tmp_path / "private").mkdir()
+    nbformat.write(nb, str(tmp_path / "private" / NAME))
+    assert exercises.main(["--private", str(tmp_path / "private"), "--exercises", str(ROOT / "exercises")]) == 0
+    monkeypatch.setenv("COURSE_SOLUTIONS_DIR", str(tmp_path / "private"))
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "submitted").mkdir()
+    submitted = tmp_path / "submitted" / NAME
+    submitted.write_bytes((ROOT / "solutions" / NAME).read_bytes())   # the public solution, handed in
+    report = grade.grade(submitted)
+    assert report.source == str(tmp_path / "private" / NAME)
+    assert report.points == {**dict.fromkeys(report.max_points, 2.0), "pr_small_50kb_test": 0.0}, report.messages
+    assert "this term's private hidden test" in report.messages["pr_small_50kb_test"]

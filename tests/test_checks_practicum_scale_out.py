@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import needs_mnist
+from conftest import a_student, needs_mnist
 from course_lib.checks import practicum_scale_out as ps
 from course_lib.grading import scale_out_harness
 from nbtools import ROOT, notebook_namespace
@@ -149,22 +149,25 @@ def test_bad_input_and_where_the_children_find_course_lib():
 
 @pytest.mark.slow
 def test_the_solution_passes_another_students_variant_on_3_ranks(monkeypatch):
-    monkeypatch.setenv("COURSE_STUDENT_ID", "alice")            # alice: 3 ranks, seed 7
+    student = a_student("practicum_scale_out", lambda v: v["world_size"] == 3 and v["seed"] != 3)
+    monkeypatch.setenv("COURSE_STUDENT_ID", student)
     world_size, settings = ps.student_settings()
-    assert (world_size, settings["seed"]) == (3, 7) and settings["samples"] % 6 == 0
+    assert world_size == 3 and settings["samples"] % 6 == 0
     run = ps.run_ddp(SCRIPT, quiet=True)
-    assert run.returncode == 0 and run.world_size == 3 and run.settings["seed"] == 7, run.console
+    assert run.returncode == 0 and run.world_size == 3 and run.settings["seed"] == settings["seed"], run.console
     for check in CHECKS:
         check(run)
 
 
 def test_a_run_for_one_student_fails_for_another(solution_run):
-    """The anonymous run (2 ranks, seed 3) is what a script that hard-codes seed 3 does for bob (2 ranks, seed 13)."""
+    """The anonymous run (2 ranks, seed 3) is what a script that hard-codes seed 3 does for bob (2 ranks, another
+    seed)."""
     import dataclasses
-    bob_world, bob_settings = ps.student_settings("bob")
+    bob_world, bob_settings = ps.student_settings(
+        a_student("practicum_scale_out", lambda v: v["world_size"] == 2 and v["seed"] != 3))
     assert bob_world == solution_run.world_size and bob_settings["seed"] != solution_run.settings["seed"]
     as_bob = dataclasses.replace(solution_run, settings=bob_settings)
     with pytest.raises(AssertionError, match="expected DistributedSampler's samples"):
         ps.check_sampler(as_bob)
-    with pytest.raises(AssertionError, match="no log_rank2.jsonl"):   # alice's 3 ranks: a 2-rank run lacks rank 2
+    with pytest.raises(AssertionError, match="no log_rank2.jsonl"):   # a 3-rank variant: a 2-rank run lacks rank 2
         ps.check_rank_logs(dataclasses.replace(solution_run, world_size=3))

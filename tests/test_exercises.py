@@ -60,6 +60,45 @@ def test_cli_check_exit_status(tmp_path, in_the_course_root, capsys):
 
 
 @pytest.mark.slow
+def _private_copy(folder, edit=None):
+    """solutions/practicum_make_it_small.ipynb with this term's own hidden tests, and `edit(cells)` applied."""
+    nb = nbformat.read(str(ROOT / "solutions" / "practicum_make_it_small.ipynb"), as_version=4)
+    for cell in nb.cells:
+        cell.source = cell.source.replace("seed=20261122", "seed=20270301")   # the hidden re-measurement
+    if edit:
+        edit(nb.cells)
+    folder.mkdir(exist_ok=True)
+    nbformat.write(nb, str(folder / "practicum_make_it_small.ipynb"))
+    return folder
+
+
+def _cell(cells, grade_id):
+    return next(c for c in cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def test_a_private_source_must_make_exactly_the_public_exercise(tmp_path, capsys):
+    public = ROOT / "exercises"
+    assert exercises.private_differences(_private_copy(tmp_path / "same"), public) == []
+    assert exercises.main(["--private", str(tmp_path / "same"), "--exercises", str(public)]) == 0
+    assert "makes exactly the public" in capsys.readouterr().out
+    visible = _private_copy(tmp_path / "visible", lambda cells: setattr(
+        _cell(cells, "pr_small_floor_test"), "source", "check_floor(result, 0.5)\n" + _cell(cells, "pr_small_floor_test").source))
+    problem, = exercises.private_differences(visible, public)
+    assert problem.startswith("practicum_make_it_small.ipynb: cell ") and \
+        "the visible check 'pr_small_floor_test', differs from the public exercise's" in problem, problem
+    points = _private_copy(tmp_path / "points", lambda cells: _cell(cells, "pr_small_50kb_test").metadata
+                           ["nbgrader"].update(points=5))
+    problem, = exercises.private_differences(points, public)
+    assert "'pr_small_50kb_test': its nbgrader metadata (points, lock)" in problem, problem
+    fewer = _private_copy(tmp_path / "fewer", lambda cells: cells.remove(_cell(cells, "pr_small_100kb_test")))
+    problem, = exercises.private_differences(fewer, public)
+    assert "the grade_ids differ" in problem and "'pr_small_100kb_test'" in problem, problem
+    assert exercises.main(["--private", str(fewer), "--exercises", str(public)]) == 1
+    assert "does not match: practicum_make_it_small.ipynb: the grade_ids differ" in capsys.readouterr().out
+    (tmp_path / "none").mkdir()
+    assert exercises.main(["--private", str(tmp_path / "none")]) == 2
+
+
 def test_run_from_another_folder_names_the_missing_folder(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [      # keep pip --target installs
         str(Path(course_lib.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}

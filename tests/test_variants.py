@@ -90,3 +90,11 @@ def test_grade_hands_the_student_to_its_checks_and_to_the_sandbox(tmp_path, monk
     report = grade.grade(path, path, student="alice")
     assert report.points == {"who_test": 1.0}, report.messages
     assert "COURSE_STUDENT_ID" not in os.environ                # restored
+
+
+@pytest.mark.parametrize("exercise", sorted(variants.VARIANTS))
+def test_a_new_term_draws_new_variants_and_keeps_the_defaults(exercise, monkeypatch):
+    draw = lambda: [variants.variant(f"student{i}", exercise) for i in range(20)]
+    this_term = draw()
+    monkeypatch.setattr(variants, "TERM", "another term")
+    assert draw() != this_term and variants.variant("anonymous", exercise) == variants.VARIANTS[exercise][0]

@@ -3,6 +3,7 @@
     python -m course_lib.exercises            # rewrite exercises/ from solutions/
     python -m course_lib.exercises --check    # exit 1 if exercises/ is out of date
     python -m course_lib.exercises --solutions private/solutions --exercises release
+    python -m course_lib.exercises --private private/solutions   # before grading with private hidden tests
 
 The folders default to solutions/ and exercises/ under the current folder: run it from the course's
 root folder (as the Makefile and the tests do), or name them.
@@ -13,6 +14,11 @@ version, exactly as `nbgrader generate_assignment` would: ClearSolutions replace
 ClearHiddenTests drops `### BEGIN HIDDEN TESTS`/`### END HIDDEN TESTS` regions, ClearOutput
 drops outputs. Cells must carry nbgrader metadata (solution/grade), so the same sources
 autograde with nbgrader. Needs the grading extra (nbformat, nbgrader): pip install 'course_lib[grading]'.
+
+`--private DIR`: a term graded with hidden tests its students cannot read keeps its sources in a private
+folder (COURSE_SOLUTIONS_DIR when grading). Each of them must still make exactly the public exercise the
+students work on (same cells, grade_ids, points and visible checks; only the hidden tests differ): this
+says, cell by cell, where one does not, and exits 1.
 """
 from __future__ import annotations
 
@@ -87,12 +93,62 @@ def sync(source_dir: Path = SOURCE_DIR, target_dir: Path = TARGET_DIR, check: bo
     return problems
 
 
+def _describe(cell) -> str:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    kind = "visible check" if meta.get("grade") and not meta.get("solution") else \
+        "answer stub" if meta.get("solution") else f"{cell.cell_type} cell"
+    return f"{kind} {meta['grade_id']!r}" if meta.get("grade_id") else kind
+
+
+def private_differences(private_dir: Path, public_dir: Path = TARGET_DIR) -> list[str]:
+    """Where the student copies of the sources in `private_dir` differ from the exercises in `public_dir`."""
+    sources = sorted(Path(private_dir).glob("*.ipynb"))
+    if not sources:
+        raise FileNotFoundError(f"no source notebooks in {private_dir}")
+    problems = []
+    for src in sources:
+        public = Path(public_dir) / src.name
+        if not public.is_file():
+            problems.append(f"{src.name}: there is no public exercise {public}")
+            continue
+        mine = student_version(nbformat.read(str(src), as_version=4)).cells
+        theirs = nbformat.read(str(public), as_version=4).cells
+        ids = [[c.metadata.get("nbgrader", {}).get("grade_id") for c in cells] for cells in (mine, theirs)]
+        if [i for i in ids[0] if i] != [i for i in ids[1] if i]:
+            problems.append(f"{src.name}: the grade_ids differ: private {[i for i in ids[0] if i]}, "
+                            f"public {[i for i in ids[1] if i]}")
+            continue
+        for n, (a, b) in enumerate(zip(mine, theirs)):
+            if (a.cell_type, a.source) != (b.cell_type, b.source):
+                problems.append(f"{src.name}: cell {n}, the {_describe(b)}, differs from the public exercise's")
+            elif a.metadata.get("nbgrader") != b.metadata.get("nbgrader"):
+                problems.append(f"{src.name}: cell {n}, the {_describe(b)}: its nbgrader metadata (points, lock) "
+                                "differs from the public exercise's")
+        if len(mine) != len(theirs):
+            problems.append(f"{src.name}: {len(mine)} cells, the public exercise has {len(theirs)}")
+    return problems
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.exercises", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only report; exit 1 if exercises/ is out of date")
     parser.add_argument("--solutions", type=Path, default=SOURCE_DIR, help="the sources (default: ./solutions)")
     parser.add_argument("--exercises", type=Path, default=TARGET_DIR, help="the student copies (default: ./exercises)")
+    parser.add_argument("--private", type=Path, metavar="DIR",
+                        help="check that the sources in DIR (private hidden tests) make exactly the public exercises")
     args = parser.parse_args(argv)
+    if args.private:
+        try:
+            problems = private_differences(args.private, args.exercises)
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for p in problems:
+            print(f"does not match: {p}")
+        if not problems:
+            print(f"{args.private}/ makes exactly the public {args.exercises}/ "
+                  f"({len(list(args.private.glob('*.ipynb')))} notebooks; their hidden tests are their own)")
+        return 1 if problems else 0
     try:
         problems = sync(args.solutions, args.exercises, check=args.check)
     except FileNotFoundError as exc:

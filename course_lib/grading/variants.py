@@ -7,8 +7,10 @@ The student's notebook and the grader derive the same values from the same id: w
 the id is the JupyterHub user name; when grading, `course_lib.grading.grade.grade(..., student=...)` sets
 COURSE_STUDENT_ID for the grader's checks and the sandbox (it wins over JUPYTERHUB_USER, which on a hub is
 the grader's own name). Without an id ("anonymous": a self-paced learner, CI) every practicum gets the
-DEFAULTS the notebooks' text describes. The draw hashes (exercise, parameter, id) with SHA-256: Python's
-hash() of a str changes from one process to the next.
+DEFAULTS the notebooks' text describes. The draw hashes (TERM, exercise, parameter, id) with SHA-256 (Python's
+hash() of a str changes from one process to the next): a new TERM gives every student new values, so last
+term's answers do not fit this term's variants. TERM is set once per term, before the term's tag is cut
+(docs/INSTRUCTOR_GUIDE.md, "A term"), and never during one: students' notebooks and the grader must agree.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import os
 
 ENV = "COURSE_STUDENT_ID"
 ANONYMOUS = "anonymous"
+TERM = "2026-fall"      # the term the variants are drawn for: change it when a new term starts
 
 # exercise -> (what an anonymous learner gets, the choices a student id draws from). Every choice must be
 # solvable within the practicum's time limits: tests/test_variants.py runs the solutions on several ids.
@@ -56,7 +59,7 @@ def variant(student: str, exercise: str) -> dict:
         return dict(defaults)
     out = {}
     for name, options in choices.items():
-        digest = hashlib.sha256(f"{exercise}\0{name}\0{key}".encode()).digest()
+        digest = hashlib.sha256(f"{TERM}\0{exercise}\0{name}\0{key}".encode()).digest()
         out[name] = options[int.from_bytes(digest[:8], "big") % len(options)]
     return out
 
