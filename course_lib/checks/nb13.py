@@ -292,8 +292,10 @@ def check_int4_group_quantize(int4_group_quantize) -> None:
         if not ok(low_first):
             expect(not ok(high_first), "nibble order: element 2k must go in the LOW nibble (bits 0-3) and "
                    "element 2k+1 in the HIGH nibble (bits 4-7): byte = code[2k] | code[2k+1] << 4.")
-            expect(not (int(low_first.max()) <= 14 and bool((want == 15).any())),
-                   "no code is 15: clamp the codes to 0..15, not 0..14 (2^4 = 16 levels).")
+            top = int(low_first.max())   # what the answer stored, not a guess at why
+            expect(not (top < 15 and bool((want == 15).any())),
+                   f"the largest code stored is {top}, but each group's largest weight must get code 15: clamp the "
+                   f"codes to 0..15 (2^4 = 16 levels){', not 0..14' if top == 14 else ''}.")
             bad = ~((low_first == want) | tie)
             expect(False, f"G={G}: {int(bad.sum())} codes differ from clamp(round(w / scale) + zero, 0, 15) of "
                    "their group (unpacked low nibble first). Hint: round to nearest, ADD the zero point, clamp to 0..15.")

@@ -227,6 +227,8 @@ def _child() -> None:
     request = _receive(inbox)
 
     def send(reply: dict) -> None:
+        for stream in (sys.stdout, sys.stderr):   # the answer's prints reach the log before the parent, which
+            stream.flush()                        # kills this process once it has the reply, reads it
         outbox.write(_frame({**reply, "seconds": time.monotonic() - start}))
         outbox.flush()
 
