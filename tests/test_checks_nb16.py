@@ -187,7 +187,12 @@ def test_horovod_check_passes_the_solution_and_rejects_wrong_answers():
         "root_zero": (_variant(solution, "src=root_rank", "src=0"), "not from 0"),
         "halved": (_variant(solution, "p.grad /= dist.get_world_size()", "p.grad /= 2"), "fixed number"),
         "after_step": (_variant(solution, loop + "        optimizer.step()\n", "        optimizer.step()\n" + loop),
-                       "BEFORE optimizer.step"),
+                       "BEFORE optimizer.step\\(\\), not after"),
+        "copy_reduced": (_variant(solution, "            dist.all_reduce(p.grad)\n            p.grad /= dist.get_world_size()",
+                                  "            total = p.grad.clone()\n            dist.all_reduce(total)\n"
+                                  "            total /= dist.get_world_size()"), "not p.grad \\(a copy"),
+        "never_reduced": (_variant(solution, "dist.all_reduce(p.grad)\n            p.grad /= dist.get_world_size()",
+                                   "pass"), "never calls dist.all_reduce"),
     }
     names = {"solution": "train_like_horovod", "stub": "stub"}
     runs = launch(horovod_cases_many, 3, [(src, names.get(k, "train_like_horovod")) for k, (src, _) in answers.items()],

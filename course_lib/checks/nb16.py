@@ -170,6 +170,41 @@ def _horovod_batches(rank: int) -> list:
     return [(torch.randn(6, 12, generator=g), torch.randint(0, 4, (6,), generator=g)) for _ in range(HOROVOD_STEPS)]
 
 
+def _run_recording_all_reduce(fn, model, optimizer, batches, root):
+    """Run the learner's loop; what each dist.all_reduce it made was given: [(before the first step, the tensor
+    shares a p.grad's memory)], or None when its code holds all_reduce under a name of its own (then unseen)."""
+    import torch.distributed as dist
+    real, calls = dist.all_reduce, []
+    if any(value is real for value in getattr(fn, "__globals__", {}).values()):
+        fn(model, optimizer, batches, root)
+        return None
+
+    def recording(tensor, *args, **kwargs):
+        grads = {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
+        calls.append((optimizer.steps == 0, tensor.untyped_storage().data_ptr() in grads))
+        return real(tensor, *args, **kwargs)
+    dist.all_reduce = recording
+    try:
+        fn(model, optimizer, batches, root)
+    finally:
+        dist.all_reduce = real
+    return calls
+
+
+def _own_gradient_mistake(reduced) -> str:
+    """Why step() saw this rank's own gradient, from the all-reduces the loop made (None: not seen)."""
+    before = [shares for first, shares in (reduced or []) if first]
+    if reduced is None or any(before):
+        return "all-reduce the gradients and average them BEFORE optimizer.step()"
+    if before:
+        return ("the all-reduces before the first step reduced tensors that are not p.grad (a copy: .clone(), "
+                "torch.cat, ...) and the result never reached p.grad: reduce p.grad itself, or copy the result "
+                "back into it")
+    if reduced:
+        return "all-reduce and average BEFORE optimizer.step(), not after"
+    return "the loop never calls dist.all_reduce: average the gradients over the ranks before optimizer.step()"
+
+
 def horovod_cases(rank: int, world_size: int, source: str, name: str) -> list:
     """Worker: per root rank, the learner's loop from this rank's own random weights, against torch DDP started from
     the root's weights; what the first optimizer step saw, and the max differences that tell the mistakes apart."""
@@ -184,7 +219,7 @@ def horovod_cases(rank: int, world_size: int, source: str, name: str) -> list:
         model = _horovod_model(100 + rank)                 # different initial weights on every rank
         own = [p.detach().clone() for p in model.parameters()]
         optimizer = _RecordingSGD(model.parameters(), lr=LR)
-        fn(model, optimizer, batches, root)
+        reduced = _run_recording_all_reduce(fn, model, optimizer, batches, root)
         reference = nn.parallel.DistributedDataParallel(_horovod_model(100 + root))   # the root's weights
         ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
         local = copy.deepcopy(reference.module)
@@ -201,7 +236,7 @@ def horovod_cases(rank: int, world_size: int, source: str, name: str) -> list:
         dist.all_gather_object(gathered, weights)
         start, grads = optimizer.first if optimizer.first else (own, [torch.zeros_like(p) for p in own])
         root0 = list(_horovod_model(100).parameters())
-        out.append({"root": root, "steps": optimizer.steps,
+        out.append({"root": root, "steps": optimizer.steps, "reduced": reduced,
                     "start_vs_root": max_diff(start, list(_horovod_model(100 + root).parameters())),
                     "start_vs_own": max_diff(start, own), "start_vs_rank0": max_diff(start, root0),
                     "grad_vs_mean": max_diff(grads, mean),
@@ -235,8 +270,7 @@ def judge_horovod(world_size: int, results: list) -> None:
                f"{where}: step() saw the SUM of the ranks' gradients; divide by dist.get_world_size() (DDP and "
                "Horovod average)")
         expect(case["grad_vs_local"] > 1e-6 or case["grad_vs_mean"] < 1e-6,
-               f"{where}: step() saw this rank's own gradient: all-reduce and average BEFORE optimizer.step(), "
-               "not after")
+               f"{where}: step() saw this rank's own gradient: {_own_gradient_mistake(case.get('reduced'))}")
         expect(case["grad_vs_mean"] < 1e-5, f"{where}: the gradient at the first step differs from DDP's mean "
                f"over the ranks by {case['grad_vs_mean']:.3g}: sum with all_reduce, then divide by "
                "dist.get_world_size() (not a fixed number)")
