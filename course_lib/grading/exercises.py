@@ -113,10 +113,10 @@ def private_differences(private_dir: Path, public_dir: Path = TARGET_DIR) -> lis
             continue
         mine = student_version(nbformat.read(str(src), as_version=4)).cells
         theirs = nbformat.read(str(public), as_version=4).cells
-        ids = [[c.metadata.get("nbgrader", {}).get("grade_id") for c in cells] for cells in (mine, theirs)]
-        if [i for i in ids[0] if i] != [i for i in ids[1] if i]:
-            problems.append(f"{src.name}: the grade_ids differ: private {[i for i in ids[0] if i]}, "
-                            f"public {[i for i in ids[1] if i]}")
+        private_ids, public_ids = ([c.metadata["nbgrader"]["grade_id"] for c in cells
+                                    if c.metadata.get("nbgrader", {}).get("grade_id")] for cells in (mine, theirs))
+        if private_ids != public_ids:
+            problems.append(f"{src.name}: the grade_ids differ: private {private_ids}, public {public_ids}")
             continue
         for n, (a, b) in enumerate(zip(mine, theirs)):
             if (a.cell_type, a.source) != (b.cell_type, b.source):

@@ -56,7 +56,7 @@ AUDIT = '''"""Grader's audit (sitecustomize): record every torch.save with the r
 Also in torchrun's agent and every rank: course_lib's exit without the last garbage collections over torch's
 objects (course_lib.shutdown), ~1 CPU-s per process."""
 import json, os
-from course_lib.shutdown import freeze_at_exit   # the package's __init__ registers it with atexit
+import course_lib  # noqa: F401 - its import registers course_lib.shutdown.freeze_at_exit with atexit
 if os.environ.get("SCALE_OUT_AUDIT"):
     import torch
     _real_save = torch.save
