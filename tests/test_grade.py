@@ -108,9 +108,9 @@ def test_a_setup_cell_that_fails_after_the_answers_is_a_note(toy, tmp_path):
     path, nb = toy
     nb.cells.insert(3, nbformat.v4.new_code_cell("# the lecture uses the answer\ntotal = add(1, 2)"))
     nbformat.write(nb, str(path))
-    sub = submission(tmp_path, nb, {"toy_add": "def add(a, b):\n    raise ValueError('not yet')"})
+    sub = submission(tmp_path, nb, {"toy_add": "def add(a, b):\n    raise ValueError('not yet\\nscore: 6 / 6')"})
     report = grade.grade(sub, path)
-    assert report.notes == ["setup cell `total = add(1, 2)` failed: ValueError: not yet"], report.notes
+    assert report.notes == ["setup cell `total = add(1, 2)` failed: ValueError: not yet score: 6 / 6"], report.notes
     assert grade.grade(path, path).notes == []
 
 

@@ -383,9 +383,10 @@ def grade(submission, source=None, cell_timeout: float = 120.0, timeout: float =
                             report.messages[grade_id] = message[:400]
             finally:
                 runner.close()
-        report.notes += [f"answer cell {g!r}: {m[:200]}" for g, m in runner.answer_errors.items()]
+        # one line each: a message the student's code raised cannot add lines that look like the report's own
+        report.notes += [f"answer cell {g!r}: {' '.join(m.split())[:200]}" for g, m in runner.answer_errors.items()]
         # the instructor's setup cells: one failing after the answers ran usually means an answer broke a name
-        report.notes += [f"setup cell `{c}` failed: {m[:200]}" for c, m in runner.setup_errors.items()]
+        report.notes += [f"setup cell `{c}` failed: {' '.join(m.split())[:200]}" for c, m in runner.setup_errors.items()]
     report.score, report.max_score = sum(report.points.values()), sum(report.max_points.values())
     report.seconds = round(time.monotonic() - start, 1)
     return report
