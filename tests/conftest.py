@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
+
 
 from course_lib.data import find_mnist
 
@@ -16,6 +18,13 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# Property tests of the checks (tests/test_checks_*.py): drawn inputs, the same every run (derandomize, no example
+# database written into the clone), no per-example deadline (a busy machine is slow, not wrong). Each test says
+# its own max_examples where it needs other than this.
+settings.register_profile("course", derandomize=True, database=None, deadline=None, max_examples=100,
+                          print_blob=True)
+settings.load_profile("course")
 
 needs_mnist = pytest.mark.skipif(not find_mnist().ok, reason="MNIST not found: set COURSE_DATA_DIR")
 
