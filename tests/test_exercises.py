@@ -135,14 +135,41 @@ def test_grade_ids_are_unique_across_the_course():
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
 
 
+@pytest.fixture(scope="module")
+def kernel():
+    """One kernel for every untouched exercise (each starts from `%reset -f` in its own folder): a kernel's start,
+    torch's import and the launch forkserver's cost once instead of 19 times."""
+    from jupyter_client.manager import start_new_kernel
+    km, kc = start_new_kernel(startup_timeout=120)
+    yield km, kc
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+NOT_THE_STUB = {"NameError", "ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError",
+                "FileNotFoundError"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
-def test_every_check_fails_on_the_untouched_exercise(path, tmp_path):
-    """Run the generated student notebook as a student would before writing anything."""
+def test_every_check_fails_on_the_untouched_exercise(path, tmp_path, kernel):
+    """Run the generated student notebook as a student would before writing anything: every cell above the
+    first answer runs, and every check fails because of the stubs, not because something is missing."""
     nb = nbformat.read(str(ROOT / "exercises" / path.name), as_version=4)
-    NotebookClient(nb, timeout=300, allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    for cell in nb.cells:
+    fresh = nbformat.v4.new_code_cell(f"%reset -f\nimport os\nos.chdir({str(tmp_path)!r})")
+    nb.cells.insert(0, fresh)
+    km, kc = kernel
+    client = NotebookClient(nb, km=km, timeout=300, allow_errors=True)
+    client.kc = kc
+    client.execute()
+    first_answer = next(i for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("nbgrader", {}).get("solution"))
+    for i, cell in enumerate(nb.cells):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if i < first_answer and cell.cell_type == "code":
+            assert not errors, f"{path.name}: setup cell {i} failed: {errors[0]['ename']}: {errors[0]['evalue']}"
         if is_grade_cell(cell):
-            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
             assert errors, (f"{path.name}: check {cell.metadata['nbgrader']['grade_id']} passed on the "
                             f"untouched stub:\n{json.dumps(cell.get('outputs', []))[:500]}")
+            assert errors[0]["ename"] not in NOT_THE_STUB, (
+                f"{path.name}: check {cell.metadata['nbgrader']['grade_id']} failed for another reason than the "
+                f"stub: {errors[0]['ename']}: {errors[0]['evalue']}")
