@@ -41,11 +41,12 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=. $(if $(HEADLESS),--no-browser,) $(ROOT_FLAG) notebooks/00_start_here.ipynb
 
 # pytest's exit code 5 (no test collected, e.g. a -k that matches nothing) is not a failure of the course.
-# The practica's solutions are not run by nbval: tests/test_grade.py and test_checks_practicum_make_it_small.py
-# grade them whole (every cell, no error note), and nbval would only run them a third time (~90 s of tests).
+# nbval runs the lectures, each in a fresh kernel. solutions/ runs in tests/test_exercises.py instead: one kernel
+# for every exercise notebook (each from a reset namespace), every cell without an error; the practica's
+# solutions are graded whole (tests/test_grade.py, test_checks_practicum_make_it_small.py).
 test: $(STAMP)
 	$(PYTEST) --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --durations=20 $(PYTEST_ARGS) \
-		--ignore-glob='solutions/practicum_*.ipynb' tests notebooks solutions || [ $$? -eq 5 ]
+		tests notebooks || [ $$? -eq 5 ]
 
 # The unit tests without the notebooks and the slow end-to-end tests (marked slow): minutes, for editing.
 test-fast: $(STAMP)
