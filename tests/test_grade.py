@@ -87,8 +87,8 @@ def test_a_hang_and_a_detached_process_cost_one_test_and_leave_nothing_behind(to
         "toy_add": "import subprocess, sys\n"
                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
                    "def add(a, b):\n    return a + b",
-        "toy_mul": "def mul(a, b):\n    while True:\n        pass"})
-    report = grade.grade(sub, path, cell_timeout=8)
+        "toy_mul": "def mul(a, b):\n    while True:\n        time.sleep(0.1)\nimport time"})   # hangs, sleeping:
+    report = grade.grade(sub, path, cell_timeout=8)   # the cores stay with the other tests (test_classroom's spins)
     assert report.points == {"toy_add_test": 1.0, "toy_mul_test": 0.0, "toy_sq_test": 3.0}, report.messages
     assert report.status["toy_mul_test"] == "timeout"
 
@@ -131,7 +131,8 @@ def test_toy_solution_full_points_and_student_version_zero(toy, tmp_path):
 def test_os_exit_and_infinite_loop_cost_only_their_cells(toy, tmp_path):
     path, nb = toy
     sub = submission(tmp_path, nb, {"toy_add": "import os\nos._exit(1)",                # kills the kernel
-                                    "toy_mul": "def mul(a, b):\n    while True:\n        pass"})  # hangs the test
+                                    "toy_mul": "def mul(a, b):\n    while True:\n        time.sleep(0.1)\n"
+                                               "import time"})  # hangs the test
     report = grade.grade(sub, path, cell_timeout=8)
     assert report.points == {"toy_add_test": 0.0, "toy_mul_test": 0.0, "toy_sq_test": 3.0}
     assert report.status["toy_mul_test"] == "timeout" and "NameError" in report.messages["toy_add_test"]
