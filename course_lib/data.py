@@ -344,5 +344,6 @@ def train_split_size(root=None) -> int:
 
 @functools.lru_cache(maxsize=8)
 def _train_labels(root: str) -> torch.Tensor:
-    # data_label and train_split_size are called together: read the split once per folder
-    return mnist_dataset("train", root, transform=None).targets
+    # data_label and train_split_size are called together: read the split once per folder (not through
+    # torchvision, whose import costs seconds: every lecture, kernel and training run asks for the split's size)
+    return _raw_tensors("train", root)[1]
