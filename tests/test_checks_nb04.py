@@ -1,6 +1,8 @@
 """The checks of exercise notebook 04 pass the reference solutions and fail stubs and wrong answers."""
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
+from torch.utils._pytree import tree_map
 
 from course_lib.checks.nb04 import check_evaluate_accuracy, check_to_device
 from nbtools import ROOT, notebook_namespace
@@ -71,7 +73,7 @@ def in_place(batch, device):
 
 @pytest.mark.parametrize("wrong, hint", [
     (tuples_only, "not moved"), (loses_keys, "dict"), (moves_numbers, "unchanged"),
-    (lists_become_tuples, "keep their type"), (in_place, "in place"),
+    (lists_become_tuples, "keep their type"), (in_place, "changed the batch it was given"),
 ])
 def test_to_device_wrong_answers(wrong, hint):
     with pytest.raises(AssertionError, match=hint):
@@ -212,3 +214,132 @@ def test_evaluate_accuracy_other_right_answers(right):
 def test_labels_left_on_the_host_fail():
     with pytest.raises(AssertionError, match="labels"):
         check_evaluate_accuracy(y_not_moved)
+
+
+# --- every input the text allows, and messages that name what the answer did (issue 34) ----------------------
+
+def any_iterable(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: any_iterable(v, device) for k, v in batch.items()}
+    if hasattr(batch, "__iter__"):                            # a str is iterable too
+        return type(batch)([any_iterable(v, device) for v in batch])
+    return batch
+
+
+def top_level_only(batch, device):
+    if isinstance(batch, dict):
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return NS["to_device"](batch, device)
+
+
+def tuples_become_lists(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: tuples_become_lists(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [tuples_become_lists(v, device) for v in batch]
+    return batch
+
+
+def drops_none(batch, device):
+    if isinstance(batch, dict):
+        return {k: drops_none(v, device) for k, v in batch.items() if v is not None}
+    return NS["to_device"](batch, device)
+
+
+def lists_in_place(batch, device):
+    if isinstance(batch, list):
+        for i, v in enumerate(batch):
+            batch[i] = lists_in_place(v, device)
+        return batch
+    if isinstance(batch, dict):
+        return {k: lists_in_place(v, device) for k, v in batch.items()}
+    return NS["to_device"](batch, device)
+
+
+def with_cuda(batch, device):
+    return torch.utils._pytree.tree_map(lambda v: v.cuda() if isinstance(v, torch.Tensor) else v, batch)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (any_iterable, "recursed forever on a string"),
+    (top_level_only, "batch\\['meta'\\] came back as the very dict it was"),
+    (tuples_become_lists, "batch\\['pair'\\] is a tuple and must come back as a tuple.*got list"),
+    (drops_none, "the keys of batch\\[0\\] changed|keys of batch changed"),
+    (lists_in_place, "changed the batch it was given \\(a dict batch\\)"),
+    (with_cuda, "raised|is on cuda"),
+], ids=lambda v: getattr(v, "__name__", v))
+def test_to_device_wrong_answers_named(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_to_device(wrong)
+
+
+def with_course_evaluate(model, loader, device):
+    from course_lib import loop
+    return loop.evaluate(model, loader, device)[1]
+
+
+def count_of_right(model, loader, device):
+    return int(100 * NS["evaluate_accuracy"](model, loader, device) * 13 / 100 + 0.5)
+
+
+def normalises_in_place(model, loader, device):
+    for x, _ in loader:
+        x -= x.mean()
+    return NS["evaluate_accuracy"](model, loader, device)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (with_course_evaluate, "calls course_lib.loop.evaluate"),
+    (count_of_right, "got int \\(9\\).*number of right predictions \\(9\\)"),
+    (percent, "that is a percentage"),
+    (normalises_in_place, "changed the batches of the loader"),
+    (lambda m, loader, d: torch.tensor(NS["evaluate_accuracy"](m, loader, d)), "got Tensor.*item"),
+])
+def test_evaluate_accuracy_wrong_answers_named(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_evaluate_accuracy(wrong)
+
+
+# --- property tests: the solutions agree with PyTorch on drawn inputs ------------------------------------------
+
+LEAVES = st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=3), st.none(), st.booleans(),
+                   st.integers(0, 3).map(lambda d: torch.ones([2] * d)))
+BATCHES = st.recursive(LEAVES, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                        st.lists(inner, max_size=3).map(tuple),
+                                                        st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+                       max_leaves=12)
+
+
+def _same_structure(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.device == b.device and a.shape == b.shape
+    if isinstance(a, (list, tuple, dict)):
+        keys = list(a) if isinstance(a, dict) else range(len(a))
+        return (type(a) is type(b) and len(a) == len(b) and (not isinstance(a, dict) or list(a) == list(b))
+                and all(_same_structure(a[k], b[k]) for k in keys))
+    return type(a) is type(b) and a == b
+
+
+@settings(max_examples=30)
+@given(batch=BATCHES)
+def test_solution_moves_any_nest_as_pytree_does(batch):
+    meta = torch.device("meta")
+    expected = tree_map(lambda v: v.to(meta) if isinstance(v, torch.Tensor) else v, batch)
+    assert _same_structure(NS["to_device"](batch, meta), expected)
+
+
+@settings(max_examples=20)
+@given(n=st.integers(1, 30), batch_size=st.integers(1, 8), training=st.booleans(), seed=st.integers(0, 999))
+def test_solution_accuracy_equals_the_course_evaluate(n, batch_size, training, seed):
+    from course_lib.data import TensorLoader
+    from course_lib.loop import evaluate
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Dropout(0.5)).train(training)
+    loader = TensorLoader(torch.randn(n, 5), torch.randint(0, 4, (n,)), batch_size=batch_size, shuffle=False)
+    got = NS["evaluate_accuracy"](net, loader, torch.device("cpu"))
+    assert net.training == training
+    assert abs(got - evaluate(net, loader)[1]) < 1e-12

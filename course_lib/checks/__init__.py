@@ -89,6 +89,20 @@ def calls_method(source: str, name: str) -> bool:
                for i in range(len(text)))
 
 
+def calls_function(source: str, name: str) -> bool:
+    """Whether `source` calls `name` dotted (calls_method) or bare, as `name(...)` after a `from ... import name`
+    in another cell; a `def name(` does not count."""
+    if calls_method(source, name):
+        return True
+    try:
+        tokens = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type in (tokenize.NAME, tokenize.OP)]
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return any(tok == name and tokens[i + 1:i + 2] == ["("] and (i == 0 or tokens[i - 1] not in ("def", "."))
+               for i, tok in enumerate(tokens))
+
+
 def passed(name: str) -> None:
     """Print the line a learner looks for after a check."""
     print(f"\u2714 {name}: all checks passed")
