@@ -28,6 +28,9 @@ def train_step(model, x, y, opt):
     opt.step()
     return loss.item()
 
+def freeze_first(model):
+    model[0].weight.requires_grad_(False)
+
 def clamp_twice(x):
     return x.clamp(0, 1) * 2
 
@@ -62,7 +65,7 @@ def box(tmp_path_factory):
 @pytest.fixture
 def names(box):
     box.deadline = time.monotonic() + 60
-    return box.get(["add", "train_step", "clamp_twice", "count", "Box", "fail", "forever", "not_defined"])
+    return box.get(["add", "train_step", "freeze_first", "clamp_twice", "count", "Box", "fail", "forever", "not_defined"])
 
 
 def test_values_handles_and_missing_names(names):
@@ -83,6 +86,15 @@ def test_in_place_changes_come_back_and_objects_stay_the_same(names):
     t.add_(10)                                          # and the grader's change reaches the student's object
     obj.bump()
     assert torch.equal(t, torch.full((3,), 13.0))
+
+
+def test_requires_grad_comes_back_both_ways(names):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    names["freeze_first"](model)
+    assert not model[0].weight.requires_grad and model[0].bias.requires_grad
+    model[0].weight.requires_grad_(True)                 # the grader's change reaches the sandbox's copy
+    names["freeze_first"](model)
+    assert not model[0].weight.requires_grad
 
 
 def test_training_steps_match_one_process(names):

@@ -47,7 +47,7 @@ def _look(obj):
     if isinstance(obj, torch.Tensor):
         grad = obj.grad
         return (obj._version, obj.data_ptr(), tuple(obj.shape), obj.dtype, id(grad),
-                None if grad is None else grad._version)
+                None if grad is None else grad._version, obj.requires_grad)
     if isinstance(obj, torch.nn.Module):
         return _module_attributes(obj)
     return None
@@ -82,7 +82,7 @@ def _changes() -> list:
         _state[number] = now
         if isinstance(obj, torch.Tensor):
             grad = obj.grad
-            changed.append((number, {"data": obj.detach().clone(),
+            changed.append((number, {"data": obj.detach().clone(), "requires_grad": obj.requires_grad,
                                      "grad": None if grad is None else grad.detach().clone()}))
         elif isinstance(obj, torch.nn.Module):
             changed.append((number, {"attributes": now}))

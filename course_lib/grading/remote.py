@@ -9,7 +9,7 @@ A Remote stands for an object that lives in the sandbox. Calling it, reading an 
 iteration, indexing and repr each become one request; arguments go over by value (a tensor, module
 or optimizer sent before goes by reference, so it stays the same object over there), results come
 back as data (course_lib.grading.wire) or as another Remote. What the call changed in the grader's
-tensors and modules (parameters, .grad, .training) is copied back; a result that depends on the
+tensors and modules (parameters, .grad, .requires_grad, .training) is copied back; a result that depends on the
 grader's tensors that require grad is differentiable here (its backward runs over there). An
 exception raised by the student's code arrives as StudentError, or as the same built-in exception
 type (ValueError, TypeError, ...) so a check can expect it; the student can never raise SystemExit
@@ -255,7 +255,7 @@ class Sandbox:
 
     def _looks(self, obj):
         if isinstance(obj, torch.Tensor):
-            return obj._version, id(obj.grad), None if obj.grad is None else obj.grad._version
+            return obj._version, id(obj.grad), None if obj.grad is None else obj.grad._version, obj.requires_grad
         if isinstance(obj, torch.nn.Module):
             return {k: copy.copy(v) for k, v in vars(obj).items() if k == "training" or not k.startswith("_")}
         return None
@@ -362,6 +362,8 @@ class Sandbox:
                         obj.data = data
                 if grad is None or (grad.shape == obj.shape and grad.dtype == obj.dtype):
                     obj.grad = grad
+                if type(change.get("requires_grad")) is bool and obj.is_leaf:   # e.g. a frozen layer
+                    obj.requires_grad_(change["requires_grad"])
             elif isinstance(obj, torch.nn.Module) and type(change) is dict:
                 attributes = wire.decode(change.get("attributes", {}), _no_handles)
                 for key, value in attributes.items() if type(attributes) is dict else ():
