@@ -1,11 +1,12 @@
 """The checks of exercise notebook 16 pass the reference solutions and fail stubs and wrong answers."""
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 pytest.importorskip("lightning")
 
-from course_lib.checks.nb16 import check_like_trainer, check_trainer_flags  # noqa: E402
+from course_lib.checks.nb16 import check_horovod_loop, check_like_trainer, check_trainer_flags  # noqa: E402
 from nbtools import ROOT, notebook_namespace  # noqa: E402
 
 NS = notebook_namespace(ROOT / "solutions" / "16_frameworks_exercises.ipynb")
@@ -74,9 +75,13 @@ def trains_a_copy(model, loader, lr, accumulate, clip):
     return model
 
 
-@pytest.mark.parametrize("wrong", [by_group_size, steps_first, trains_a_copy])
-def test_more_wrong_train_epoch_like_trainer_fails(wrong):
-    with pytest.raises(AssertionError, match="differ from the Trainer"):
+@pytest.mark.parametrize("wrong, words", [
+    (by_group_size, "divided the short last group \\(1 batch\\) by its own length"),
+    (steps_first, "changed after batches \\[0, 2, 4, 6\\].*stepped after batches \\[1, 3, 5, 6\\]"),
+    (trains_a_copy, "not the one your loop ran"),
+])
+def test_more_wrong_train_epoch_like_trainer_fails(wrong, words):
+    with pytest.raises(AssertionError, match=f"differ from the Trainer.*{words}"):
         check_like_trainer(wrong)
 
 
@@ -106,11 +111,87 @@ def test_a_different_correct_epoch_passes():
     check_like_trainer(grads_scaled_at_the_step, cases=[(5, 0.03), (7, None)])
 
 
-@pytest.mark.parametrize("mistake", [dict(scale=False), dict(last_step=False), dict(clip_each=True),
-                                     dict(clip_value=True)], ids=lambda m: next(iter(m)))
-def test_wrong_train_epoch_like_trainer_fails(mistake):
-    with pytest.raises(AssertionError, match="differ from the Trainer"):
+@pytest.mark.parametrize("mistake, words", [
+    (dict(scale=False), "2 times as far.*sum over the 2 micro-batches"),
+    (dict(last_step=False), "also steps after the LAST batch"),
+    (dict(clip_each=True), "Before batch 1 your accumulated gradient had norm 0.05 \\(clipped already\\)"),
+    (dict(clip_value=True), "clipping by value"),
+], ids=lambda m: next(iter(m)) if isinstance(m, dict) else "")
+def test_wrong_train_epoch_like_trainer_fails(mistake, words):
+    with pytest.raises(AssertionError, match=f"differ from the Trainer.*{words}"):
         check_like_trainer(lambda *args: epoch(*args, **mistake))
+
+
+def zero_grad_every_batch(model, loader, lr, accumulate, clip):
+    """Steps every `accumulate` batches, but zeroes the gradient before every backward: only the last micro-batch
+    counts."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for i, (x, y) in enumerate(loader):
+        optimizer.zero_grad()
+        (F.cross_entropy(model(x), y) / accumulate).backward()
+        if (i + 1) % accumulate == 0 or i + 1 == len(loader):
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+    return model
+
+
+def clips_before_averaging(model, loader, lr, accumulate, clip):
+    """Clips the summed (unscaled) gradient, then divides: the clip bites at accumulate times the Trainer's norm."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for i, (x, y) in enumerate(loader):
+        F.cross_entropy(model(x), y).backward()
+        if (i + 1) % accumulate == 0 or i + 1 == len(loader):
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            for p in model.parameters():
+                p.grad /= accumulate
+            optimizer.step()
+            optimizer.zero_grad()
+    return model
+
+
+def with_lightning(model, loader, lr, accumulate, clip):
+    import lightning as L
+
+    from course_lib.frameworks import FlagProbe
+    L.Trainer(max_epochs=1, accumulate_grad_batches=accumulate, gradient_clip_val=clip, logger=False,
+              enable_checkpointing=False, enable_progress_bar=False).fit(FlagProbe(model, lr), loader)
+    return model
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (zero_grad_every_batch, "differ from the Trainer.*Step 1 \\(after batch 1\\) went another way"),
+    (clips_before_averaging, "differ from the Trainer.*Step 1 \\(after batch 2\\) moved the weights 0.333 times "
+                             "as far.*clipped this step's gradient to norm 0.05, yours had norm 0.0167"),
+    (with_lightning, "uses lightning"),
+])
+def test_wrong_epochs_name_what_they_did(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_like_trainer(wrong)
+
+
+def steps_the_rest_after_the_loop(model, loader, lr, accumulate, clip):
+    """Correct: steps on full groups inside the loop, and once more after it when a short group is left."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step():
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for i, (x, y) in enumerate(loader, start=1):
+        (F.cross_entropy(model(x), y) / accumulate).backward()
+        if i % accumulate == 0:
+            step()
+    if i % accumulate:
+        step()
+    return model
+
+
+def test_stepping_the_rest_after_the_loop_passes():
+    check_like_trainer(steps_the_rest_after_the_loop)
 
 
 SOLUTION_FLAGS = {"precision": "bf16-mixed", "accumulate_grad_batches": 4, "gradient_clip_val": 0.05}
@@ -137,9 +218,9 @@ def test_bf16_alias_passes():
     ({"accumulate_grad_batches": 4, "gradient_clip_val": 0.05}, "bf16 autocast"),          # no precision
     ({"precision": "bf16-true", "accumulate_grad_batches": 4, "gradient_clip_val": 0.05}, "fp32 weights"),
     ({"precision": "bf16-mixed", "gradient_clip_val": 0.05}, "twice"),                     # no accumulation
-    ({"precision": "bf16-mixed", "accumulate_grad_batches": 4}, "before optimizer.step"),  # no clipping
+    ({"precision": "bf16-mixed", "accumulate_grad_batches": 4}, "do not clip"),            # no clipping
     ({"precision": "bf16-mixed", "accumulate_grad_batches": 4, "gradient_clip_val": 0.05,
-      "gradient_clip_algorithm": "value"}, "before optimizer.step"),
+      "gradient_clip_algorithm": "value"}, "clip by 'value'"),
     ({**SOLUTION_FLAGS, "max_epochs": 2}, "one pass"),                                      # two epochs
     ({**SOLUTION_FLAGS, "max_steps": 1}, "one pass"),
     ({**SOLUTION_FLAGS, "limit_train_batches": 4}, "one pass"),
@@ -148,7 +229,7 @@ def test_bf16_alias_passes():
     ({**SOLUTION_FLAGS, "strategy": "ddp"}, "ONE process"),
     ({**SOLUTION_FLAGS, "accelerator": "gpu"}, "ONE process"),
     ({"precision": "16-mixed", "accumulate_grad_batches": 4, "gradient_clip_val": 0.05}, "fp16 autocast"),
-    ({**SOLUTION_FLAGS, "gradient_clip_val": 0.5}, "before optimizer.step"),              # a clip that never bites
+    ({**SOLUTION_FLAGS, "gradient_clip_val": 0.5}, "clip at 0.5"),                        # a clip that never bites
     ({**SOLUTION_FLAGS, "accumulate_grad_batches": 2}, "twice"),
     ({**SOLUTION_FLAGS, "max_epochs": 1, "precision": "32-true"}, "bf16 autocast"),
     ({**SOLUTION_FLAGS, "grad_clip": 0.05}, "does not run"),                              # no such flag
@@ -217,3 +298,40 @@ def test_a_deterministic_trainer_leaves_the_process_as_it_found_it():
     model, loader = nb16._setup(7)
     nb16._trainer(loader, model, deterministic=True)
     assert torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_a_horovod_loop_that_wraps_the_model_in_ddp_is_refused_before_any_launch():
+    def wraps_in_ddp(model, optimizer, batches, root_rank):
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, src=root_rank)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        for x, y in batches:
+            optimizer.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+        return model
+
+    with pytest.raises(AssertionError, match="DistributedDataParallel"):
+        check_horovod_loop(wraps_in_ddp)
+
+
+def test_a_graded_answer_gets_a_model_it_can_receive(monkeypatch):
+    """Graded, the answer runs in the sandbox and the model goes there pickled: it must carry no hook of the check's
+    (a local function does not pickle), and the message says what the weights alone show."""
+    import pickle
+
+    import course_lib.grading.remote as remote
+    from course_lib.checks import nb16
+    monkeypatch.setattr(remote, "is_remote", lambda fn: True)
+    monkeypatch.setattr(nb16, "answer_source", lambda fn: "")      # a proxy's .source: here, no answer cells
+    hooks = []
+
+    def as_the_sandbox_gets_it(model, *args):
+        hooks.append(len(model._forward_pre_hooks))
+        return NS["train_epoch_like_trainer"](pickle.loads(pickle.dumps(model)), *args)
+
+    with pytest.raises(AssertionError, match="differ from the Trainer.*Look at after which batches"):
+        check_like_trainer(lambda model, *args: as_the_sandbox_gets_it(model, *args) if args[2] == 1
+                           else epoch(model, *args, scale=False))
+    assert hooks and not any(hooks)

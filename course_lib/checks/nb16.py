@@ -2,7 +2,9 @@
 
 Both checks run the real Lightning Trainer (one CPU device, SGD, a linear model on random data) and
 compare the weights it ends with, and what it did (optimizer steps, dtypes under autocast), with the
-learner's code. Lightning is the reference, not a copy of the solution. Flags are judged by what the
+learner's code. Lightning is the reference, not a copy of the solution. Where the weights differ, a
+forward pre-hook on both models tells after which batches the weights changed and how far each step
+moved them, so the message says what the learner's loop did differently. Flags are judged by what the
 Trainer did, so flags that change nothing graded (progress bar, logger, model summary, deterministic,
 default_root_dir, a max_steps that ends with the epoch) pass; only devices/strategy/num_nodes that would
 start more processes are refused up front.
@@ -17,11 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from . import expect, passed
+from . import answer_source, calls_method, expect, passed
 from ..models import max_diff
 
 LR = 0.1
-CASES = [(1, None), (2, None), (3, 0.05), (4, 0.02)]   # 7 batches: for 2, 3 and 4 the last group is short
+# 7 batches: for 2, 3 and 4 the last group is short; 9 steps once, after the last batch; 1 clips every batch
+CASES = [(1, None), (2, None), (3, 0.05), (4, 0.02), (9, None), (1, 0.05)]
 
 
 def _setup(batches: int, seed: int = 0):
@@ -66,29 +69,129 @@ def _trainer(loader, model, **flags):
     return probe
 
 
+def _flat(module: nn.Module, grad: bool = False) -> torch.Tensor:
+    """The module's parameters (or their .grad, zeros where None) as one vector."""
+    if grad:
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten()
+                          for p in module.parameters()]).clone()
+    return torch.cat([p.detach().flatten() for p in module.parameters()]).clone()
+
+
+def _record_forwards(model: nn.Module, batches: list) -> list:
+    """Before every forward of `model`, and of any deep copy of it (the hook is a plain function, which deepcopy
+    shares), append (index of the batch in `batches` or None, the module, its weights, its .grad then)."""
+    records = []
+
+    def hook(module, args):
+        x = args[0] if args else None
+        index = next((i for i, b in enumerate(batches)
+                      if isinstance(x, torch.Tensor) and x.shape == b.shape and torch.equal(x, b)), None)
+        records.append((index, module, _flat(module), _flat(module, grad=True)))
+
+    model.register_forward_pre_hook(hook)
+    return records
+
+
+def _steps(records: list, final: torch.Tensor) -> list:
+    """(batch index, change of the weights) for every change between two forwards, and after the last one."""
+    weights = [r[2] for r in records] + [final]
+    return [(records[k][0], weights[k + 1] - weights[k]) for k in range(len(records))
+            if not torch.equal(weights[k], weights[k + 1])]
+
+
 @functools.lru_cache(maxsize=16)
 def _trainer_weights(accumulate: int, clip) -> tuple:
-    """(optimizer steps, final parameters) of the Trainer on `_setup(7)`: the same every call, so run once."""
+    """(optimizer steps, final parameters, forward records) of the Trainer on `_setup(7)`: the same every call, so
+    run once."""
     model, loader = _setup(7)
+    records = _record_forwards(model, [x for x, _ in loader])
     probe = _trainer(loader, model, accumulate_grad_batches=accumulate, gradient_clip_val=clip)
-    return probe.steps, [p.detach().clone() for p in probe.model.parameters()]
+    return probe.steps, [p.detach().clone() for p in probe.model.parameters()], records, _flat(probe.model)
+
+
+def _clipped_early(mine: list, theirs: list, clip) -> str:
+    """The first forward inside a group where the learner's accumulated gradient already had norm `clip` and the
+    Trainer's was larger: the learner clipped each micro-batch's gradient. "" if there is none."""
+    reference = {}
+    for i, _, _, grad in theirs:
+        reference.setdefault(i, grad)
+    for i, _, _, grad in mine:
+        norm, norm_ref = grad.norm().item(), reference.get(i, grad).norm().item()
+        if norm_ref > clip * (1 + 1e-3) and abs(norm - clip) < 1e-4 * clip:
+            return (f" Before batch {i} your accumulated gradient had norm {clip} (clipped already), the Trainer's "
+                    f"{norm_ref:.3g}: it clips only the accumulated gradient, once per step, right before "
+                    "optimizer.step().")
+    return ""
+
+
+def _step_difference(mine: list, theirs: list, final: tuple, accumulate: int, clip) -> str:
+    """What the learner's loop did differently from the Trainer's: their forward records and final weights."""
+    steps, reference_steps = _steps(mine, final[0]), _steps(theirs, final[1])
+    after, wanted = [i for i, _ in steps], [i for i, _ in reference_steps]
+    if after != wanted:
+        return (f"The weights changed after batches {after} (counting from 0); the Trainer stepped after batches "
+                f"{wanted}" + (": it also steps after the LAST batch of the epoch, whose group is short."
+                               if after == wanted[:-1] else "."))
+    first = next(((k, m, t) for k, (m, t) in enumerate(zip(steps, reference_steps))
+                  if (m[1] - t[1]).abs().max() > 1e-6), None)
+    if first is None:
+        return "Your loop stepped after the same batches, each step within 1e-6 of the Trainer's."
+    k, (i, delta), (_, reference) = first
+    step = f"Step {k + 1} (after batch {i})"
+    grad, grad_ref = delta.norm().item() / LR, reference.norm().item() / LR       # SGD: change = -lr * gradient
+    cosine = torch.nn.functional.cosine_similarity(delta, reference, dim=0).item()
+    group = i + 1 - (wanted[k - 1] + 1 if k else 0)         # batches since the previous step
+    if cosine > 0.9999:
+        ratio = grad / grad_ref
+        text = f"{step} moved the weights {ratio:.3g} times as far as the Trainer's, in the same direction"
+        if clip is not None and abs(grad_ref - clip) < 1e-4 * clip:
+            return (f"{text}: the Trainer clipped this step's gradient to norm {clip}, yours had norm {grad:.3g}. "
+                    "Clip the accumulated gradient (clip_grad_norm_) right before optimizer.step().")
+        if group < accumulate and abs(ratio - accumulate / group) < 1e-3 * accumulate:
+            return (f"{text}: you divided the short last group ({group} batch{'es' if group > 1 else ''}) by its "
+                    f"own length; the Trainer divides every micro-batch's loss by accumulate_grad_batches="
+                    f"{accumulate}, in the last group too.")
+        if abs(ratio - accumulate) < 1e-3 * accumulate:
+            return (f"{text}: your gradient is the sum over the {accumulate} micro-batches; the Trainer divides each "
+                    "micro-batch's loss by accumulate_grad_batches.")
+        return text + "."
+    text = f"{step} went another way than the Trainer's (cosine {cosine:.4f})"
+    if clip is not None and abs(delta.abs().max().item() / LR - clip) < 1e-4 * clip:
+        return (f"{text}, and its gradient's largest entries are exactly +-{clip}: that is clipping by value "
+                "(clip_grad_value_); the Trainer clips the norm (clip_grad_norm_), which keeps the direction.")
+    early = _clipped_early(mine, theirs, clip) if clip is not None else ""
+    return f"{text}, with gradient norm {grad:.3g} against the Trainer's {grad_ref:.3g}.{early}"
 
 
 def check_like_trainer(train_epoch_like_trainer, cases=CASES) -> None:
     """train_epoch_like_trainer(model, loader, lr, accumulate, clip) ends with the Trainer's weights."""
+    source = answer_source(train_epoch_like_trainer)
+    used = [name for name in ("lightning", "pytorch_lightning", "Trainer") if calls_method(source, name)]
+    expect(not used, f"your answer uses {(used or [''])[0]}: the exercise is the Trainer's loop in plain PyTorch, "
+                     "without Lightning")
+    # A graded answer runs in the sandbox, where the model goes by value (pickled): no hook can travel with it, so
+    # there the message says only what the final weights show.
+    from ..grading.remote import is_remote
+    watch = not is_remote(train_epoch_like_trainer)
     for accumulate, clip in cases:
         model, loader = _setup(7)
-        mine = train_epoch_like_trainer(copy.deepcopy(model), loader, LR, accumulate, clip)
+        start = copy.deepcopy(model)
+        records = _record_forwards(start, [x for x, _ in loader]) if watch else None
+        mine = train_epoch_like_trainer(start, loader, LR, accumulate, clip)
         expect(isinstance(mine, nn.Module), f"return the trained model; got {type(mine).__name__}")
-        steps, weights = _trainer_weights(accumulate, clip)
+        steps, weights, theirs, final = _trainer_weights(accumulate, clip)
         diff = max_diff(list(mine.parameters()), weights)
-        expect(diff < 1e-5, f"accumulate={accumulate}, clip={clip}, 7 batches: your weights differ from the "
-               f"Trainer's by {diff:.3g} (the Trainer stepped {steps} times). Hints: "
-               + ("each micro-batch's loss is divided by `accumulate`, so the summed gradient is the big batch's "
-                  "mean; the Trainer also steps after the LAST batch of the epoch, even if the group is short. "
-                  if accumulate > 1 else "with accumulate=1 this is a plain SGD epoch: zero_grad, backward, step. ")
-               + ("Clip once per step, the norm of the accumulated gradient (clip_grad_norm_, not clip_grad_value_), "
-                  "right before optimizer.step()." if clip is not None else ""))
+        if diff < 1e-5:
+            continue
+        what = (f"accumulate={accumulate}, clip={clip}, 7 batches: your weights differ from the Trainer's by "
+                f"{diff:.3g} (the Trainer stepped {steps} times).")
+        expect(records is not None, f"{what} Look at after which batches your loop steps, what it divides each "
+                                    "micro-batch's loss by, and what it clips, when.")
+        expect(records, f"{what} Your loop never called the model it was given on the loader's batches.")
+        expect(any(record[1] is mine for record in records),
+               f"{what} The model you returned is not the one your loop ran: train the model you were given (or "
+               "return the one you trained).")
+        raise AssertionError(f"{what} {_step_difference(records, theirs, (_flat(mine), final), accumulate, clip)}")
     passed("train_epoch_like_trainer")
 
 
@@ -133,8 +236,13 @@ def check_trainer_flags(trainer_flags) -> None:
     expect(probe.steps == 2, f"the fragment steps the optimizer twice in 8 batches; with your flags the Trainer "
            f"stepped {probe.steps} times")
     diff = max_diff(raw_fragment(copy.deepcopy(model), loader), probe.model)
-    expect(diff < 1e-4, f"the weights differ from the fragment's by {diff:.3g}: look at what happens just "
-           "before optimizer.step() in the fragment")
+    clip, algorithm = flags.get("gradient_clip_val"), flags.get("gradient_clip_algorithm", "norm")
+    expect(diff < 1e-4, f"the weights differ from the fragment's by {diff:.3g}. The fragment clips the gradient's "
+           f"norm to {CLIP} before each step; your flags "
+           + ("do not clip (gradient_clip_val is not set)" if clip is None else
+              f"clip by {algorithm!r}" if str(algorithm).lower() != "norm" else
+              f"clip at {clip}" if clip != CLIP else "do too, yet the weights differ")
+           + ".")
     passed("trainer_flags")
 
 
@@ -283,6 +391,10 @@ def judge_horovod(world_size: int, results: list) -> None:
 def check_horovod_loop(train_like_horovod, world_size: int = 2) -> None:
     """train_like_horovod(model, optimizer, batches, root_rank) on `world_size` gloo ranks ends with DDP's weights."""
     from . import run_on_ranks
+
+    expect(not calls_method(answer_source(train_like_horovod), "DistributedDataParallel"),
+           "your answer wraps the model in DistributedDataParallel, whose gradient all-reduce is the exercise: "
+           "average p.grad yourself with dist.all_reduce")
 
     results = run_on_ranks(horovod_cases, world_size, train_like_horovod,
                            "every rank must call the same collectives in the same order (the same tensors, the "

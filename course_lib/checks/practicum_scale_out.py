@@ -11,22 +11,46 @@ with facts, not with a copy of the solution:
 - checkpoint: one file, saved by rank 0 only, that loads into a plain LeNet300;
 - equivalence: the final weights equal those of the given single-process script
   (`course_lib.grading.scale_out`) run on the global batch (world_size x batch) with the same sample order;
-- the launch command: it starts N ranks of this Python's torch that form one group.
+- the launch command: torchrun's own parser reads it (for several rank counts and ports, without running it)
+  as the given number of ranks on one node rendezvousing on the given port, and it starts N ranks of this
+  Python's torch that form one group;
+- the process group is destroyed at the end: `run_ddp` here keeps the script's text on its result (a
+  ScriptRun), and check_rank_logs looks for the call, which leaves no trace in what a gloo run does.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import json
+import os
 import re
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from ..grading.scale_out_harness import (  # noqa: F401 - run_ddp, single_process_reference: the cells call them
-    SETTINGS, WORLD_SIZE, DDPRun, failed_rank, run_ddp, run_probe, single_process_reference, student_settings,
-    tail)
+from ..grading import scale_out_harness
+from ..grading.scale_out_harness import (  # noqa: F401 - re-exported: the cells call single_process_reference
+    SETTINGS, WORLD_SIZE, DDPRun, failed_rank, run_probe, single_process_reference, student_settings, tail)
 from ..models import LeNet300
-from . import expect, expect_close, passed
+from . import calls_function, expect, expect_close, passed
+
+
+@dataclasses.dataclass
+class ScriptRun(DDPRun):
+    """A DDPRun that keeps the script it ran: what a run cannot show (a missing destroy_process_group) is read there."""
+
+    script: str = ""
+
+
+def run_ddp(script: str, world_size: int | None = None, timeout: float = 90.0, quiet: bool = False,
+            **overrides) -> ScriptRun:
+    """course_lib.grading.scale_out_harness.run_ddp, whose result also keeps `script`."""
+    run = scale_out_harness.run_ddp(script, world_size, timeout, quiet, **overrides)
+    return ScriptRun(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)}, script=script)
 
 
 def _expect_success(run) -> None:
@@ -62,6 +86,11 @@ def check_rank_logs(run) -> None:
     chatty = [rank for rank in range(1, run.world_size) if lines[rank]]
     expect(not chatty, f"ranks {chatty} printed progress lines too: with N ranks the console shows every line N "
            "times. Print from rank 0 only (the per-rank details belong in log_rank{rank}.jsonl).")
+    script = getattr(run, "script", "")     # a DDPRun made without this module's run_ddp has none: not judged
+    expect(not script or calls_function(script, "destroy_process_group"),
+           "the script never calls dist.destroy_process_group(): end main() with it (task item 1), so that every "
+           "rank leaves the group cleanly; with NCCL a rank that exits without it can hang the others' last "
+           "collective, and PyTorch warns.")
     passed("rank_logs")
 
 
@@ -157,14 +186,92 @@ def check_equivalence(run, atol: float = 1e-5, rtol: float = 1e-4) -> None:
     passed("equivalence")
 
 
+def _torchrun_options(cmd: list) -> list | None:
+    """What torchrun itself parses in `cmd`: the arguments after `-m torch.distributed.run` or a `torchrun`
+    executable; None when `cmd` is neither (then only the run judges it)."""
+    for i, arg in enumerate(cmd):
+        if arg == "-m" and cmd[i + 1:i + 2] == ["torch.distributed.run"]:
+            return cmd[i + 2:]
+        if arg == "-mtorch.distributed.run" or Path(arg).name == "torchrun":
+            return cmd[i + 1:]
+    return None
+
+
+def _launch_plan(cmd: list):
+    """torchrun's own reading of `cmd` (an argparse Namespace), or None when it is not a torchrun command or
+    torchrun would refuse its options (the run then shows torchrun's own error)."""
+    from torch.distributed.run import get_args_parser
+    options = _torchrun_options(cmd)
+    if options is None:
+        return None
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return get_args_parser().parse_args(options)
+        except SystemExit:
+            return None
+
+
+def _rendezvous_port(plan) -> tuple[str, int | None]:
+    """(endpoint, port) of the rendezvous, resolved as torch.distributed.run.run resolves them (torch 2.14):
+    --standalone, and a static rendezvous on one node that names neither endpoint nor --master-port, take a free
+    port of their own (port 0); c10d without a port takes 29400; None where torchrun would refuse the endpoint."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+    backend, endpoint = plan.rdzv_backend, plan.rdzv_endpoint
+    if plan.standalone or (backend == "static" and not endpoint and plan.master_port is None):   # one node here
+        return "localhost:0", 0
+    if backend == "static" and not endpoint:
+        endpoint = f"{plan.master_addr}:{plan.master_port}"
+    try:
+        return endpoint, parse_rendezvous_endpoint(endpoint, 29400 if backend == "c10d" else -1)[1]
+    except ValueError:
+        return endpoint, None
+
+
+def _judge_plan(cmd: list, script: str, nproc: int, port: int) -> None:
+    """What torchrun would do with `cmd`, read by its own parser without running anything: `nproc` ranks of
+    `script` on one node, rendezvousing on `port`. Commands torchrun cannot read are left to the run."""
+    plan = _launch_plan(cmd)
+    if plan is None:
+        return
+    call = f"torchrun_command(script, {nproc}, {port})"
+    expect(os.path.abspath(plan.training_script) == os.path.abspath(script),
+           f"{call} = {cmd}: torchrun reads {plan.training_script!r} as the script to run, not the script it was "
+           "given; the script path comes right after torchrun's own options")
+    late = [a for a in plan.training_script_args if a.startswith("--")][:3]
+    expect(plan.nproc_per_node == str(nproc),
+           f"{call} = {cmd}: torchrun starts --nproc_per_node {plan.nproc_per_node} rank(s) per node"
+           + (" (its default)" if plan.nproc_per_node == "1" and "nproc" not in " ".join(cmd) else "")
+           + f": expected {nproc} rank{'s' if nproc != 1 else ''}"
+           + (f". {late} come after the script path, so torchrun hands them to the script: its own options go "
+              "before the script" if late else ""))
+    expect(plan.nnodes in ("1", "1:1"), f"{call} = {cmd}: --nnodes {plan.nnodes} makes torchrun wait for other "
+                                        "machines; this is one node (--nnodes 1)")
+    expect(not plan.standalone, f"{call} = {cmd}: --standalone makes torchrun rendezvous on a free port of its own "
+                                "and ignore any --rdzv-endpoint; the caller gave you the port: leave --standalone "
+                                f"out and rendezvous with --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port}")
+    endpoint, got = _rendezvous_port(plan)
+    expect(got == port, f"{call} = {cmd}: torchrun would rendezvous "
+           + ("on a free port of its own, as the command names no port" if got == 0 else
+              f"on {endpoint or 'its default endpoint'} (backend {plan.rdzv_backend}), port {got}")
+           + f", not on the port {port} it was given. Another launch on this machine may hold the port it picks; "
+           "rendezvous on the one you are given (--rdzv-endpoint 127.0.0.1:<port>).")
+
+
 def check_torchrun_command(torchrun_command, nproc: int = 2, timeout: float = 60.0) -> None:
-    """torchrun_command(script, nproc_per_node, port) -> argv that starts nproc ranks of this Python's torch."""
-    def command(script, port):
-        cmd = torchrun_command(script, nproc, port)
+    """torchrun_command(script, nproc_per_node, port) -> argv that starts nproc ranks of this Python's torch,
+    rendezvousing on `port`."""
+    ports = []
+
+    def command(script, port, ranks=nproc):
+        cmd = torchrun_command(script, ranks, port)
         expect(isinstance(cmd, (list, tuple)) and cmd and all(isinstance(a, str) for a in cmd),
                f"return the command as a list of strings (an argv for subprocess.run); got {cmd!r}")
+        ports.append(port)
         return list(cmd)
 
+    script = os.path.join(tempfile.gettempdir(), "scale_out_probe", "probe.py")
+    for ranks, port in ((nproc, 29517), (1 if nproc > 1 else 2, 41871), (nproc + 2, 35129)):   # no torch default
+        _judge_plan(command(script, port, ranks), script, ranks, port)
     code, out, err, timed_out, cmd = run_probe(command, timeout)
     expect(not timed_out, f"the command did not finish within {timeout:.0f} s: {cmd}")
     expect(code == 0, f"the command failed (exit code {code}): {cmd}\n{tail(out + err)}")
@@ -186,4 +293,7 @@ def check_torchrun_command(torchrun_command, nproc: int = 2, timeout: float = 60
                f"the ranks ran {r['python']} (torch {r['torch']}), not this kernel's {sys.executable} (torch "
                f"{torch.__version__}): a `torchrun` found on PATH may belong to another environment. Use "
                "[sys.executable, '-m', 'torch.distributed.run', ...].")
+    expect(_launch_plan(cmd) is not None or re.search(rf"(?<![0-9]){ports[-1]}(?![0-9])", " ".join(cmd)),
+           f"the command {cmd} never mentions the port {ports[-1]} it was given: the ranks met on a port of their "
+           "own choosing, which another launch on this machine may hold. Rendezvous on the port you are given.")
     passed("torchrun_command")
