@@ -28,6 +28,13 @@ def train_step(model, x, y, opt):
     opt.step()
     return loss.item()
 
+def keep_view(t):
+    global VIEW
+    VIEW = t[:2]
+
+def read_view():
+    return VIEW.clone()
+
 def freeze_first(model):
     model[0].weight.requires_grad_(False)
 
@@ -65,7 +72,7 @@ def box(tmp_path_factory):
 @pytest.fixture
 def names(box):
     box.deadline = time.monotonic() + 60
-    return box.get(["add", "train_step", "freeze_first", "clamp_twice", "count", "Box", "fail", "forever", "not_defined"])
+    return box.get(["add", "train_step", "freeze_first", "keep_view", "read_view", "clamp_twice", "count", "Box", "fail", "forever", "not_defined"])
 
 
 def test_values_handles_and_missing_names(names):
@@ -86,6 +93,15 @@ def test_in_place_changes_come_back_and_objects_stay_the_same(names):
     t.add_(10)                                          # and the grader's change reaches the student's object
     obj.bump()
     assert torch.equal(t, torch.full((3,), 13.0))
+
+
+def test_a_view_the_student_keeps_sees_the_graders_refill(names):
+    """A tensor the grader refills in place (as an optimizer's p.grad is) keeps its storage over there too, so a
+    view the student's code kept (a momentum buffer aliasing the gradient) changes as it would in one process."""
+    t = torch.zeros(3)
+    names["keep_view"](t)
+    t.fill_(5.0)
+    assert torch.equal(names["read_view"](), torch.full((2,), 5.0))
 
 
 def test_requires_grad_comes_back_both_ways(names):

@@ -103,6 +103,27 @@ def calls_function(source: str, name: str) -> bool:
                for i, tok in enumerate(tokens))
 
 
+def code_tokens(source: str) -> list:
+    """The NAME and OP tokens of `source`, as far as it tokenizes (a lambda's source line may end mid-expression)."""
+    out = []
+    try:
+        for t in tokenize.generate_tokens(io.StringIO(source).readline):
+            if t.type in (tokenize.NAME, tokenize.OP):
+                out.append(t.string)
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        pass
+    return out
+
+
+def library_call(fn, names=(), methods=()) -> str:
+    """The first of `names` that the answer's code uses as a name (called, imported, or an attribute), or of
+    `methods` that it calls as `.name(` or imports (names that are also the exercise's own function); "" if none.
+    Comments and strings do not count."""
+    source = answer_source(fn)
+    used = set(code_tokens(source))
+    return next((n for n in names if n in used), "") or next((m for m in methods if calls_method(source, m)), "")
+
+
 def passed(name: str) -> None:
     """Print the line a learner looks for after a check."""
     print(f"\u2714 {name}: all checks passed")

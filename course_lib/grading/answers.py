@@ -124,8 +124,11 @@ class _Unpickler(pickle.Unpickler):
         _seen.append(number)
         if kind == "tensor":
             data, grad, requires_grad = pid[2:]
-            with torch.no_grad():
-                obj.data = data
+            with torch.no_grad():     # into the same storage where it fits: views of it (a student's buffer
+                if data.shape == obj.shape and data.dtype == obj.dtype:   # aliasing p.grad) see the new values,
+                    obj.copy_(data)                                       # as they would in one process
+                else:
+                    obj.data = data
             if obj.is_leaf:
                 obj.requires_grad_(requires_grad)
             obj.grad = grad
