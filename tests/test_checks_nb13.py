@@ -553,3 +553,52 @@ def test_int4_solution_and_the_course_library_meet_the_checks_rules(w_g):
     w, G = w_g
     for packed, scale, zero in (NS["int4_group_quantize"](w, G), library_int4(w, G)):
         _expect_int4(w, G, *_int4_shapes((packed, scale, zero), *w.shape, G))
+
+
+def lloyd_variant(*, steps=lambda iters: iters, stale=False, empty=None):
+    """The text's k-means with one thing changed: how many updates run, whether the indices returned are the
+    last assignment inside the loop, and what an empty centroid becomes (None: it stays)."""
+    def kmeans_quantize(weight, k, iters=50):
+        w = weight.reshape(-1)
+        centroids = torch.linspace(w.min().item(), w.max().item(), k)
+        indices = (w[:, None] - centroids).abs().argmin(1)
+        for _ in range(steps(iters)):
+            indices = (w[:, None] - centroids).abs().argmin(1)
+            for j in range(k):
+                members = w[indices == j]
+                if len(members) or empty is not None:
+                    centroids[j] = members.mean() if len(members) else empty
+        if not stale:
+            indices = (w[:, None] - centroids).abs().argmin(1)
+        return centroids, indices.reshape(weight.shape)
+    return kmeans_quantize
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lloyd_variant(steps=lambda iters: max(0, iters - 1)), "one update short"),
+    (lloyd_variant(steps=lambda iters: iters + 1), "one update too many"),
+    (lloyd_variant(stale=True), "assignment made before the last update"),
+    (lloyd_variant(empty=float("nan")), r"had no weights .* must stay .*NaN"),
+    (lloyd_variant(empty=0.0), r"centroid\(s\) \[1, 2\] had no weights in update 1"),
+])
+def test_kmeans_before_convergence_names_the_mistake(wrong, hint):
+    """Judged only where it has converged, each of these passed: after 200 updates one more or one fewer changes
+    nothing, and the last assignment is the final one."""
+    with pytest.raises(AssertionError, match=hint):
+        check_kmeans_quantize(wrong)
+
+
+def test_kmeans_vectorised_and_either_tie_pass():
+    def vectorised(weight, k, iters=50):
+        w = weight.reshape(-1).double()
+        centroids = torch.linspace(w.min().item(), w.max().item(), k, dtype=torch.float64)
+        for _ in range(iters):
+            idx = (w[:, None] - centroids).abs().argmin(1)
+            sums = torch.zeros(k, dtype=torch.float64).index_add_(0, idx, w)
+            counts = torch.bincount(idx, minlength=k)
+            centroids = torch.where(counts > 0, sums / counts.clamp(min=1), centroids)
+        # ties to the HIGHER index: flip, argmin, flip back
+        idx = k - 1 - (w[:, None] - centroids.flip(0)).abs().argmin(1)
+        return centroids.float(), idx.reshape(weight.shape)
+    check_kmeans_quantize(vectorised)
+    check_kmeans_quantize(lloyd_variant())

@@ -307,11 +307,64 @@ def check_kmeans_quantize(kmeans_quantize) -> None:
     g = torch.Generator().manual_seed(0)
     w = torch.cat([torch.randn(1500, generator=g) * 0.05 - 0.1, torch.randn(900, generator=g) * 0.02 + 0.15,
                    torch.tensor([0.4, -0.35] * 50)]).reshape(25, 100)
+    # First before convergence, where each update still moves the centroids (so a mistake shows and can be
+    # named): the text fixes the result of exactly `iters` updates. The first weight leaves the two middle
+    # centroids without weights (they stay where they are).
+    early = [torch.tensor([0.0] * 5 + [0.1] * 5 + [1.0] * 5),
+             torch.randn(300, generator=torch.Generator().manual_seed(13)) ** 3]
+    for weight, k in zip(early, (4, 5)):
+        for iters in (1, 2, 3):
+            _kmeans_steps(kmeans_quantize, weight, k, iters)
     # iterations enough to converge (then each centroid is its members' mean)
     for w, k, iters in [(w, 4, 200), (w, 16, 200), (torch.randn(6, 1, 5, 5, generator=g) * 0.3, 8, 60),
                         (torch.full((10,), 0.3), 4, 3), (torch.randn(40, generator=g), 2, 30)]:
         _kmeans_case(kmeans_quantize, w, k, iters)
     passed("kmeans_quantize")
+
+
+def _lloyd(w: torch.Tensor, k: int, iters: int) -> list:
+    """The text's algorithm: the centroids after 0, 1, ..., iters updates, and each update's empty clusters."""
+    w = w.reshape(-1)
+    centroids, steps = torch.linspace(w.min().item(), w.max().item(), k), []
+    for _ in range(iters):
+        assigned, before = _nearest(w, centroids), centroids.clone()
+        empty = [j for j in range(k) if not (assigned == j).any()]
+        steps.append((before, empty))
+        centroids = torch.stack([w[assigned == j].mean() if j not in empty else before[j] for j in range(k)])
+    return steps + [(centroids, [])]
+
+
+def _nearest(w: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    return (w.reshape(-1, 1) - centroids).abs().argmin(1)
+
+
+def _kmeans_steps(kmeans_quantize, w, k, iters) -> None:
+    """The answer after `iters` updates against the text's, with the mistake named from where it is instead."""
+    where = f"k={k}, iters={iters}, weight of shape {tuple(w.shape)}"
+    steps = _lloyd(w, k, iters + 1)
+    c, i = _kmeans_call(kmeans_quantize, w, k, iters)
+    close = lambda a, b: bool(torch.allclose(a, b, atol=1e-5, rtol=1e-5))   # noqa: E731
+    want, (before, empty) = steps[iters][0], steps[iters - 1]
+    if not close(c, want):
+        expect(not close(c, before), f"{where}: your centroids are where {iters - 1} update(s) leave them: one "
+               f"update short. The loop runs `iters` times (range(iters)), each an assignment then a move.")
+        expect(not close(c, steps[iters + 1][0]), f"{where}: your centroids are where {iters + 1} updates leave "
+               "them: one update too many (run exactly `iters`; the last assignment moves nothing).")
+        moved = [j for j in empty if not close(c[j:j + 1], before[j:j + 1])]
+        expect(not moved, f"{where}: centroid(s) {moved} had no weights in update {iters} and must stay where they "
+               f"were ({[round(before[j].item(), 4) for j in moved]}); yours went to "
+               f"{[round(c[j].item(), 4) for j in moved]}" + (" (the mean of no weights is NaN)"
+                                                             if c[moved].isnan().any() else ""))
+        expect(False, f"{where}: centroids {[round(v, 4) for v in c.tolist()]}, expected "
+               f"{[round(v, 4) for v in want.tolist()]} (linear initialisation, then {iters} times: assign each "
+               "weight to its nearest centroid, move each centroid to the mean of its weights).")
+    flat, stale = i.reshape(-1), _nearest(w, before)
+    wrong = (w.reshape(-1, 1) - c).abs().gather(1, flat.reshape(-1, 1)).squeeze(1) > \
+        (w.reshape(-1, 1) - c).abs().min(1).values + 1e-6
+    expect(not wrong.any() or not torch.equal(flat, stale),
+           f"{where}: your indices are the assignment made before the last update: {int(wrong.sum())} weights "
+           "point at a centroid that is no longer their nearest. Assign once more from the centroids you return.")
+    expect(not wrong.any(), f"{where}: {int(wrong.sum())} weights are not mapped to their nearest centroid.")
 
 
 def _kmeans_case(kmeans_quantize, w, k, iters) -> None:
