@@ -9,8 +9,10 @@ import textwrap
 import pytest
 import torch  # noqa: F401 - the answers below run with torch and dist in their namespace
 import torch.distributed as dist  # noqa: F401
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from course_lib.checks.nb05 import WORLD_SIZES, check_bytes_sent_per_rank, judge_ring
+from course_lib.checks.nb05 import WORLD_SIZES, check_bytes_sent_per_rank, check_ring_all_reduce, judge_ring
 from nbtools import ROOT, notebook_namespace
 
 NB = ROOT / "solutions" / "05_collectives_exercises.ipynb"
@@ -129,11 +131,20 @@ def ring_all_reduce(tensor):
     return tensor
 '''
 
+MIRRORED = ring(**{"right, left = (rank + 1) % n, (rank - 1) % n": "right, left = (rank - 1) % n, (rank + 1) % n",
+                    "(rank - s) % n], chunks[(rank - s - 1) % n]": "(rank + s) % n], chunks[(rank + s + 1) % n]",
+                    "chunks[(rank + 1 - s) % n], right": "chunks[(rank - 1 + s) % n], right",
+                    "dist.recv(chunks[(rank - s) % n], left)": "dist.recv(chunks[(rank + s) % n], left)"})
+
+ALL_GATHER_ADDS = ring(**{"        dist.recv(chunks[(rank - s) % n], left)\n        req.wait()\n":
+                          "        mine = chunks[(rank - s) % n]\n        buf = torch.empty_like(mine)\n"
+                          "        dist.recv(buf, left)\n        req.wait()\n        mine += buf\n"})
+
 # name: (source, the message the check must give)
 WRONG = {
-    "naive": (source_of(naive_through_rank_0), "neighbour"),
+    "naive": (source_of(naive_through_rank_0), "neighbour 1 \\(this is the naive all-reduce"),
     "all_reduce": (source_of(calls_all_reduce), "dist.all_reduce"),
-    "remainder": (source_of(ring_ignoring_remainder), "divisible"),
+    "remainder": (source_of(ring_ignoring_remainder), "N does not divide the size\\) hold this rank's own values"),
     "whole": (source_of(whole_tensor_round_the_ring), "chunks"),
     "torch_chunk": (ring(**{"torch.tensor_split(work, n)": "torch.chunk(work, n)"}), "fewer than N chunks"),
     "float32_buffer": (ring(**{"torch.empty_like(recv)": "torch.empty(recv.numel())"}), "tensor's dtype"),
@@ -144,7 +155,15 @@ WRONG = {
                                 "    tensor.copy_(work)\n": ""}), "strided view"),
     "new_tensor": (ring(**{"work = tensor.contiguous()": "work = tensor.clone()",
                            "    tensor.copy_(work)\n    return tensor": "    return work"}), "in place"),
-    "two_ranks_only": (ring(**{"for s in range(n - 1):": "for s in range(1):"}), "differs"),
+    "two_ranks_only": (ring(**{"for s in range(n - 1):": "for s in range(1):"}),
+                       "chunk\\(s\\) \\[2\\] .* hold the sum of only ranks \\[0, 2\\]"),
+    "mean": (ring(**{"    tensor.copy_(work)\n": "    tensor.copy_(work / n if work.is_floating_point() else work)\n"}),
+             "MEAN"),
+    "rebinds": (ring(**{"work = tensor.contiguous()": "work = tensor.clone()",
+                        "    tensor.copy_(work)\n": "    tensor.data = work\n"}), "rebound to new memory"),
+    "all_gather_adds": (ALL_GATHER_ADDS, "count more than once.*copy the complete chunks"),
+    "sum_not_kept": (ring(**{"recv += buf": "recv = recv + buf"}), "hold rank 2's values only"),
+    "returns_chunks": (ring(**{"    return tensor": "    return list(chunks)"}), "returned list; return the tensor"),
 }
 
 
@@ -163,19 +182,48 @@ def test_ring_check_passes_correct_answers_and_rejects_wrong_ones():
 
     correct = {"solution": _solution_source(), "padded": PADDED}
     for n in WORLD_SIZES:
-        answers = dict(correct, **({"stub": source_of(stub), **{k: src for k, (src, _) in WRONG.items()}}
-                                   if n == 3 else {}))
+        answers = dict(correct, **({"stub": source_of(stub), "mirrored": MIRRORED,
+                                    **{k: src for k, (src, _) in WRONG.items()}} if n == 3 else {}))
         runs = launch(cases_many, n, ring_cases, [(src, function_name(src)) for src in answers.values()],
                       timeout=240)
         for i, key in enumerate(answers):
             per_rank = [rank_runs[i] for rank_runs in runs]
             if key == "stub":     # run_on_ranks turns this into NotImplementedError("... is still the stub")
                 assert all(r.startswith("NotImplementedError") for r in per_rank), per_rank
-            elif key in correct:
+            elif key in correct or key == "mirrored":
                 judge_or_raise(judge_ring, n, per_rank)
             else:
                 with pytest.raises(AssertionError, match=WRONG[key][1]):
                     judge_or_raise(judge_ring, n, per_rank)
+
+
+def test_ring_answers_built_on_course_lib_collectives_fail_before_any_launch():
+    def course_ring(tensor):
+        from course_lib.distributed.collectives import all_reduce_ring
+        return all_reduce_ring(tensor)
+
+    def course_module(tensor):
+        from course_lib.distributed import collectives as C
+        return C.all_reduce(tensor, algorithm="ring")
+    for answer, name in ((course_ring, "collectives"), (course_module, "collectives")):
+        with pytest.raises(AssertionError, match=f"uses course_lib's {name}: the course's collectives do the whole"):
+            check_ring_all_reduce(answer)
+
+
+@settings(max_examples=20)
+@given(st.integers(1, 4), st.integers(1, 40), st.data())
+def test_diagnosis_names_what_wrong_elements_hold(n, numel, data):
+    """Elements made of a known sum of the ranks' inputs are described as that sum."""
+    from course_lib.checks.nb05 import _diagnosis, _input
+    rank = data.draw(st.integers(0, n - 1))
+    inputs = [_input(r, numel, torch.float64) for r in range(n)]
+    key = data.draw(st.tuples(*[st.integers(0, 3)] * n).filter(lambda k: k != (1,) * n))
+    values = sum(c * i for c, i in zip(key, inputs))
+    message = _diagnosis(values, inputs, rank, 1e-10, torch.ones(numel, dtype=torch.bool))
+    ranks = [r for r, c in enumerate(key) if c]
+    assert ("own values" if key == tuple(int(r == rank) for r in range(n)) else
+            "count more than once" if max(key) > 1 else "never written" if not ranks else
+            f"rank {ranks[0]}'s values only" if len(ranks) == 1 else f"only ranks {ranks}") in message
 
 
 def test_bytes_reference_passes_and_wrong_answers_fail():
@@ -183,15 +231,77 @@ def test_bytes_reference_passes_and_wrong_answers_fail():
     with pytest.raises(NotImplementedError):
         check_bytes_sent_per_rank(lambda *a: (_ for _ in ()).throw(NotImplementedError()))
 
-    def formula(algorithm, numel, n, es=4):  # 2(N-1)/N x size: not exact when N does not divide numel
-        return [int(2 * (n - 1) / n * numel * es)] * n if algorithm == "ring" else NS["bytes_sent_per_rank"](
-            algorithm, numel, n, es)
 
-    def naive_forgets_broadcast(algorithm, numel, n, es=4):
+def _ring_or(naive_answer):
+    """An answer: the reference's ring, and `naive_answer` for the naive algorithm."""
+    def answer(algorithm, numel, n, es=4):
         if algorithm == "naive":
-            return [0] + [numel * es] * (n - 1)
+            return naive_answer(numel, n, es)
         return NS["bytes_sent_per_rank"](algorithm, numel, n, es)
+    return answer
 
-    for wrong in (formula, naive_forgets_broadcast):
-        with pytest.raises(AssertionError):
-            check_bytes_sent_per_rank(wrong)
+
+def _naive_or(ring_answer):
+    def answer(algorithm, numel, n, es=4):
+        if algorithm == "ring":
+            return ring_answer(numel, n, es)
+        return NS["bytes_sent_per_rank"](algorithm, numel, n, es)
+    return answer
+
+
+def _split(numel, n):
+    return [len(c) for c in torch.tensor_split(torch.empty(numel), n)]
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (_naive_or(lambda numel, n, es: [int(2 * (n - 1) / n * numel * es)] * n), "only the average"),
+    (_naive_or(lambda numel, n, es: [2 * (n - 1) / n * numel * es] * n), "is a float; bytes are exact integers"),
+    (_naive_or(lambda numel, n, es: [2 * (n - 1) * -(-numel // n) * es] * n), "ceil\\(size/N\\)"),
+    (_naive_or(lambda numel, n, es: [2 * (n - 1) * (numel // n) * es] * n), "floor\\(size/N\\)"),
+    (_naive_or(lambda numel, n, es: NS["bytes_sent_per_rank"]("ring", numel, n, 4)), "element_size is ignored"),
+    (_naive_or(lambda numel, n, es: (lambda sent: sent[-1:] + sent[:-1])(
+        NS["bytes_sent_per_rank"]("ring", numel, n, es))), "RECEIVES"),
+    (_naive_or(lambda numel, n, es: [(numel - _split(numel, n)[(r + 1) % n]) * es if n > 1 else 0
+                                     for r in range(n)]), "only the reduce-scatter"),
+    (_naive_or(lambda numel, n, es: [2 * (numel - _split(numel, n)[r]) * es if n > 1 else 0 for r in range(n)]),
+     "rank\\(s\\) \\[.*\\] differ.*count which chunks a rank sends"),
+    (_ring_or(lambda numel, n, es: [0] + [numel * es] * (n - 1)), "rank 0 sends nothing"),
+    (_ring_or(lambda numel, n, es: [n * numel * es] + [numel * es] * (n - 1)), "to all N ranks"),
+    (_ring_or(lambda numel, n, es: [(n - 1) * numel * 4] + [numel * 4] * (n - 1)), "element_size is ignored"),
+    (_ring_or(lambda numel, n, es: [(n - 1) * numel * es] * n), "sends the sum back to each of the N-1"),
+    (lambda algorithm, numel, n, es=2: NS["bytes_sent_per_rank"](algorithm, numel, n, es),
+     "element_size left at its default"),
+    (lambda algorithm, numel, n, es=4: tuple(NS["bytes_sent_per_rank"](algorithm, numel, n, es))[:-1] or [0],
+     "return a list with one int per rank"),
+])
+def test_wrong_bytes_answers_fail(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        check_bytes_sent_per_rank(wrong)
+
+
+def test_other_bytes_answers_pass():
+    def closed_form(algorithm, numel, world_size, element_size=4):   # all chunks but two, per rank
+        if algorithm == "naive":
+            return [(world_size - 1) * numel * element_size] + [numel * element_size] * (world_size - 1)
+        sizes = _split(numel, world_size)
+        return [(2 * numel - sizes[(r + 1) % world_size] - sizes[(r + 2) % world_size]) * element_size
+                for r in range(world_size)]
+
+    def as_tuple_of_numpy_ints(algorithm, numel, world_size, element_size=4):
+        import numpy as np
+        return tuple(np.int64(b) for b in NS["bytes_sent_per_rank"](algorithm, numel, world_size, element_size))
+    check_bytes_sent_per_rank(closed_form)
+    check_bytes_sent_per_rank(as_tuple_of_numpy_ints)
+
+
+@settings(max_examples=60)
+@given(st.integers(0, 5000), st.integers(1, 9), st.sampled_from([1, 2, 4, 8]))
+def test_bytes_solution_adds_up_the_ring_schedule(numel, n, es):
+    """Every rank sends all chunks but two ((r+1) % N in the reduce-scatter, (r+2) % N in the all-gather); in all,
+    2(N-1) x the tensor; naive: rank 0 sends N-1 copies, the others one each."""
+    sizes = _split(numel, n)
+    ring = NS["bytes_sent_per_rank"]("ring", numel, n, es)
+    assert ring == [(2 * numel - sizes[(r + 1) % n] - sizes[(r + 2) % n]) * es for r in range(n)]
+    assert sum(ring) == 2 * (n - 1) * numel * es and all(type(b) is int for b in ring)
+    naive = NS["bytes_sent_per_rank"]("naive", numel, n, es)
+    assert naive == [(n - 1) * numel * es] + [numel * es] * (n - 1)

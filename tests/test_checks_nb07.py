@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib.checks.nb07 import check_shard_indices, check_should_checkpoint
 from nbtools import ROOT, notebook_namespace
@@ -67,39 +69,82 @@ def starts_at_rank_plus_one(n, rank, world_size, epoch, seed):
     return order[(rank + 1) % world_size::world_size]
 
 
+def global_seed(n, rank, world_size, epoch, seed):   # right indices, but reseeds torch's global generator
+    torch.manual_seed(seed + epoch)
+    order = torch.randperm(n).tolist()
+    total = -(-n // world_size) * world_size
+    return (order * world_size)[:total][rank::world_size]
+
+
+def ignores_seed(n, rank, world_size, epoch, seed):
+    return NS["shard_indices"](n, rank, world_size, epoch, 0)
+
+
+def pads_once(n, rank, world_size, epoch, seed):     # order + order[:k]: too short when world_size > 2n
+    order = perm(n, seed + epoch)
+    total = -(-n // world_size) * world_size
+    return (order + order[:total - n])[rank::world_size]
+
+
+def with_sampler(n, rank, world_size, epoch, seed):   # torch's own sampler: the whole exercise in one call
+    from torch.utils.data.distributed import DistributedSampler
+    sampler = DistributedSampler(range(n), world_size, rank, shuffle=True, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
 @pytest.mark.parametrize("wrong, message", [
     (no_padding, "same number"), (no_set_epoch, "epoch is ignored"), (contiguous_chunks, "the wrong ones"),
     (drop_last, "drop_last"), (pads_with_last, "FIRST indices"), (seeded_with_epoch_only, "seed \\+ epoch"),
-    (starts_at_rank_plus_one, "the wrong ones")])
+    (starts_at_rank_plus_one, "the wrong ones"), (global_seed, "global random state"),
+    (ignores_seed, "seed is ignored"), (pads_once, "n=3, world_size=8: ranks got .* repeating them"),
+    (with_sampler, "uses DistributedSampler")])
 def test_wrong_shard_indices_fail(wrong, message):
-    with pytest.raises(AssertionError, match=message):
+    with torch.random.fork_rng(), pytest.raises(AssertionError, match=message):   # global_seed reseeds torch
         check_shard_indices(wrong)
 
 
 def test_equivalent_shard_indices_pass():
-    def with_sampler(n, rank, world_size, epoch, seed):    # torch's own sampler is a right answer
-        from torch.utils.data.distributed import DistributedSampler
-        sampler = DistributedSampler(range(n), world_size, rank, shuffle=True, seed=seed)
-        sampler.set_epoch(epoch)
-        return list(sampler)
-
     def with_tensors(n, rank, world_size, epoch, seed):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
         total = -(-n // world_size) * world_size
         return order.repeat(-(-total // n))[:total][rank::world_size].tolist()
-    check_shard_indices(with_sampler)
+
+    def with_modulo(n, rank, world_size, epoch, seed):   # index i of the padded list is order[i % n]
+        order = perm(n, seed + epoch)
+        return [order[i % n] for i in range(rank, -(-n // world_size) * world_size, world_size)]
     check_shard_indices(with_tensors)
+    check_shard_indices(with_modulo)
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda rank, step, every: step % every == 0,                              # every rank writes
-    lambda rank, step, every: rank == 0 and step % every == 0,                # also at step 0
-    lambda rank, step, every: rank == 0 and (step + 1) % every == 0,          # off by one
-    lambda rank, step, every: int(rank == 0 and step > 0 and step % every == 0),  # not a bool
+@settings(max_examples=25)
+@given(st.integers(1, 30), st.integers(1, 9), st.integers(0, 5), st.integers(0, 2**31))
+def test_shard_solution_is_distributed_sampler(n, world_size, epoch, seed):
+    from torch.utils.data.distributed import DistributedSampler
+    for rank in range(world_size):
+        sampler = DistributedSampler(range(n), world_size, rank, shuffle=True, seed=seed)
+        sampler.set_epoch(epoch)
+        assert NS["shard_indices"](n, rank, world_size, epoch, seed) == list(sampler)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda rank, step, every: step % every == 0, "only rank 0 writes"),                 # every rank writes
+    (lambda rank, step, every: rank == 0 and step % every == 0, "step 0"),               # also at step 0
+    (lambda rank, step, every: rank == 0 and (step + 1) % every == 0, "expected True"),  # off by one
+    (lambda rank, step, every: int(rank == 0 and step > 0 and step % every == 0), "must return a bool"),
+    (lambda rank, step, every: rank == 0 and step >= every, "expected False"),           # every step after the first
+    (lambda rank, step, every: rank == 0 and step > 0 and every % step == 0, "expected"),  # operands swapped
+    (lambda rank, step, every: rank == 0 and step > 0 and step % every == 0 or None, "must return a bool"),
 ])
-def test_wrong_should_checkpoint_fails(wrong):
-    with pytest.raises(AssertionError):
+def test_wrong_should_checkpoint_fails(wrong, message):
+    with pytest.raises(AssertionError, match=message):
         check_should_checkpoint(wrong)
+
+
+@settings(max_examples=50)
+@given(st.integers(0, 7), st.integers(0, 10**6), st.integers(1, 10**4))
+def test_should_checkpoint_solution_writes_on_rank_0_every_every_steps(rank, step, every):
+    assert NS["should_checkpoint"](rank, step, every) is (rank == 0 and step in range(every, step + 1, every))
 
 
 # --- exercise 3: bucketed all-reduce hooks (ONE launch of 2 gloo processes runs every answer) -------------
@@ -138,6 +183,22 @@ WRONG_HOOKS = {   # name: (source, the message the check must give)
             p.grad.copy_(g.view_as(p))
     return finish
 """, "after backward"),
+    # async launch in the right order, then waiting for it inside the hook: backward stands still meanwhile
+    "waits_in_hook": (_variant("pending.append((buckets[b], flat, dist.all_reduce(flat, async_op=True)))",
+                               "work = dist.all_reduce(flat, async_op=True)\n"
+                               "            work.wait()\n"
+                               "            pending.append((buckets[b], flat, work))"), "bucket 0's all-reduce had "
+                      "already completed when backward went on.*the hook waited"),
+    "future_wait_in_hook": (_variant("pending.append((buckets[b], flat, dist.all_reduce(flat, async_op=True)))",
+                                     "work = dist.all_reduce(flat, async_op=True)\n"
+                                     "            work.get_future().wait()\n"
+                                     "            pending.append((buckets[b], flat, work))"), "the hook waited"),
+    "no_wait_in_finish": (_variant("            work.wait()\n", ""), "still in flight when finish\\(\\) returned"),
+    "no_copy_back": (_variant("            for q, g in zip(params, flat.split([q.numel() for q in params])):\n"
+                              "                q.grad.copy_(g.view_as(q))\n", ""), "never reached p.grad"),
+    "slices_in_wrong_order": (_variant("zip(params, flat.split([q.numel() for q in params]))",
+                                       "zip(params[::-1], flat.flip(0).split([q.numel() for q in params[::-1]]))"),
+                              "neither the mean nor the sum"),
 }
 
 # a different correct answer: one hook per bucket's parameter set, counting with a set, waiting in order
@@ -166,6 +227,35 @@ SET_COUNTING = """def attach_bucket_hooks(buckets):
 """
 
 
+# correct answers with futures: a callback copies the mean back as soon as the bucket arrives; finish waits for all
+WITH_FUTURES = """def attach_bucket_hooks(buckets):
+    left, futures = [len(b) for b in buckets], []
+
+    def arrived(params, flat):
+        def copy_back(fut):
+            flat.div_(dist.get_world_size())
+            for q, g in zip(params, flat.split([q.numel() for q in params])):
+                q.grad.copy_(g.view_as(q))
+        return copy_back
+
+    for b, params in enumerate(buckets):
+        def hook(p, b=b, params=params):
+            left[b] -= 1
+            if left[b] == 0:
+                flat = torch.cat([q.grad.view(-1) for q in params])
+                fut = dist.all_reduce(flat, async_op=True).get_future()
+                futures.append(fut.then(arrived(params, flat)))
+        for p in params:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        torch.futures.wait_all(futures)
+        futures.clear()
+        left[:] = [len(b) for b in buckets]
+    return finish
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bucket_hooks_check_passes_correct_answers_and_rejects_wrong_ones():
@@ -173,7 +263,7 @@ def test_bucket_hooks_check_passes_correct_answers_and_rejects_wrong_ones():
     from course_lib.distributed.launch import launch
     from many_answers import cases_many, function_name, judge_or_raise
 
-    answers = {"solution": _solution_source(), "set_counting": SET_COUNTING,
+    answers = {"solution": _solution_source(), "set_counting": SET_COUNTING, "with_futures": WITH_FUTURES,
                "stub": "def stub_hooks(buckets):\n    raise NotImplementedError()\n",
                **{k: src for k, (src, _) in WRONG_HOOKS.items()}}
     runs = launch(cases_many, 2, bucket_hook_cases, [(src, function_name(src)) for src in answers.values()],
