@@ -58,3 +58,11 @@ def a_student(exercise: str, wanted) -> str:
     from course_lib.grading.variants import variant
     return next(s for s in (f"student{i}" for i in range(10_000)) if wanted(variant(s, exercise)))
 
+
+def pytest_collection_modifyitems(items):
+    """The long files first: notebooks (nbval) and files with a test marked slow. pytest-xdist's loadfile
+    hands out whole files in this order, so the workers end together on the short unit-test files instead of
+    one waiting for the other's last notebook."""
+    long = {item.nodeid.split("::")[0] for item in items
+            if item.get_closest_marker("slow") or item.nodeid.split("::")[0].endswith(".ipynb")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in long)
