@@ -63,6 +63,18 @@ def run_on_ranks(worker, world_size: int, fn, hung: str, timeout: float = 90) ->
     raise AssertionError(f"on {world_size} ranks the ranks hung: {hung}")
 
 
+def call_answer(fn, *args, what: str, hint: str = ""):
+    """fn(*args): the learner's code. The stub's NotImplementedError passes through; any other exception is
+    the answer's (a shape error from a wrong dim is a wrong answer, not a crashed check) and becomes an
+    AssertionError that says where it happened."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}. {hint}".strip()) from None
+
+
 def answer_source(fn) -> str:
     """The code of the learner's answer: what a grader's proxy carries (`.source`, its answer cells) or a local
     function's own source; "" when neither can be read (then a check judges by behaviour alone)."""

@@ -11,17 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import answer_source, calls_function, expect, expect_close, passed
-
-
-def _call(fn, *args, what: str, hint: str = ""):
-    """Call the learner's fn; turn a crash (other than the stub's NotImplementedError) into a hint."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # a shape error from the wrong dim is a wrong answer, not a test crash
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}. {hint}".strip()) from exc
+from . import answer_source, call_answer, calls_function, expect, expect_close, passed
 
 
 # Metric libraries that compute the whole exercise in one call (torchmetrics is installed with the course).
@@ -80,7 +70,7 @@ def _accuracy_runs(accuracy):
         given = logits.clone(), targets.clone()
         what = f"accuracy on logits {tuple(logits.shape)} ({logits.dtype})"
         try:
-            result = _call(accuracy, logits, targets, what=what)
+            result = call_answer(accuracy, logits, targets, what=what)
         except AssertionError:
             if any(not _fits(r, lg, t) for lg, t, r in runs):
                 break
@@ -231,7 +221,7 @@ def _one_step(train_step, learner, optimizer, x, y, step):
     shadow_opt.step()
     given = x.clone(), y.clone()
     torch.manual_seed(100 + step)  # the same dropout masks as the reference
-    loss = _call(train_step, learner, x, y, optimizer, what="train_step")
+    loss = call_answer(train_step, learner, x, y, optimizer, what="train_step")
     expect(torch.equal(x, given[0]) and torch.equal(y, given[1]),
            "train_step changed the batch x or y it was given: only read them.")
     return loss, [p.detach() for p in shadow_model.parameters()], before

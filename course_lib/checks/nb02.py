@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from . import answer_source, calls_method, expect, expect_close, passed, torch_quantized
+from . import answer_source, call_answer, calls_method, expect, expect_close, passed, torch_quantized
 
 INF = math.inf
 
@@ -27,16 +27,6 @@ def _refuse_calls(fn, names, why: str) -> None:
     source = answer_source(fn)
     for name in names:
         expect(not calls_method(source, name), f"{getattr(fn, '__name__', 'your answer')} calls {name}: {why}")
-
-
-def _call(fn, args, what: str):
-    """fn(*args); an exception of the answer (not the stub's) becomes an AssertionError that says where."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from None
 
 
 def _quantize_cases():
@@ -113,7 +103,7 @@ def _quantize_mistake(runs) -> str:
 
 def _quantized(quantize_int8, case, x, scale, zp) -> torch.Tensor:
     given = x.clone()
-    q = _call(quantize_int8, (x, scale, zp), f"quantize_int8 on {case}")
+    q = call_answer(quantize_int8, x, scale, zp, what=f"quantize_int8 on {case}")
     expect(torch.equal(x, given), f"quantize_int8 changed its input x ({case}): compute the codes in a new tensor "
            "(x / scale makes one); x.div_(...) or x[...] = ... overwrite the caller's data.")
     expect(isinstance(q, torch.Tensor), f"{case}: quantize_int8 must return a tensor; got {type(q).__name__}")
@@ -166,7 +156,7 @@ def check_quantize_int8(quantize_int8, dequantize_int8) -> None:
     for case, x, scale, zp, _, ref_q in runs:
         q, (_, ref_x) = ref_q.to(torch.int8), torch_quantized(x, scale, zp, -128, 127)
         given = q.clone()
-        back = _call(dequantize_int8, (q, scale, zp), f"dequantize_int8 on {case}")
+        back = call_answer(dequantize_int8, q, scale, zp, what=f"dequantize_int8 on {case}")
         expect(torch.equal(q, given), f"dequantize_int8 changed its input q ({case}): compute x in a new tensor "
                "(q.to(torch.float32) makes one); q.sub_(...) overwrites the caller's codes.")
         expect(isinstance(back, torch.Tensor) and back.dtype == torch.float32,
@@ -430,7 +420,7 @@ def _run_feed(systolic_feed, A, B) -> tuple[list, list]:
     given = A.clone(), B.clone()
     lefts, tops = [], []
     for t in range(k + n + m - 2):
-        got = _call(systolic_feed, (A, B, t), f"systolic_feed(A {tuple(A.shape)}, B {tuple(B.shape)}, t={t})")
+        got = call_answer(systolic_feed, A, B, t, what=f"systolic_feed(A {tuple(A.shape)}, B {tuple(B.shape)}, t={t})")
         expect(isinstance(got, tuple) and len(got) == 2,
                f"systolic_feed must return a tuple (a_left, b_top); got {type(got).__name__}")
         for name, v, size in (("a_left", got[0], n), ("b_top", got[1], m)):

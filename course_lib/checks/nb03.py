@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from . import answer_source, calls_function, expect, passed
+from . import answer_source, call_answer, calls_function, expect, passed
 
 SHARD_CASES = ((10, 2), (10, 3), (7, 4), (3, 5), (1, 1), (12, 4), (0, 3), (100, 7))
 # (num_items, num_workers, worker_id) that must raise ValueError, and why they are bad
@@ -96,12 +96,7 @@ BATCHING_CALLS = ("DataLoader", "TensorLoader", "BatchSampler", "RandomSampler",
 
 def _collect(make, n: int, batch_size: int, what: str):
     """The batches of one call `make()`, as a list; the answer's own errors become messages that say where."""
-    try:
-        batches = make()
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from None
+    batches = call_answer(make, what=what)
     try:
         iterator = iter(batches)        # once: a generator in the grading sandbox is read out by iter()
     except TypeError:
