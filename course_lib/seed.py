@@ -59,22 +59,26 @@ class SeedNet(nn.Module):
 
 
 def seed_train(root=None, epochs=2, batch_size=4, lr=0.001, momentum=0.9, num_workers=2,
-               train_subset=None, log_every=2000, test_batch_size=1000, log=print) -> History:
+               train_subset=None, log_every=2000, test_batch_size=1000, log=print, test_subset=None) -> History:
     """Train a fresh SeedNet the seed's way; evaluate on the test split after every epoch.
 
-    root: MNIST folder (None: `data.data_root()`). train_subset: use the first N
-    training images. log_every: print the running loss every that many mini-batches (as the
-    tutorial does). Returns a History (per-epoch train loss, test loss and accuracy, images/s;
+    root: MNIST folder (None: `data.data_root()`). train_subset: use the first N training images;
+    test_subset: evaluate on the first N test images (None: all of them, as the seed does; reading them through
+    PIL image by image costs more than training on a small subset). log_every: print the running loss every
+    that many mini-batches (as the tutorial does). Returns a History (per-epoch train loss, test loss and accuracy, images/s;
     `.model` holds the trained SeedNet). images/s counts the training loop only, data loading
     included, evaluation excluded.
     """
     positive_int("epochs", epochs)
     positive_int("log_every", log_every)
     positive_int("train_subset", train_subset, allow_none=True)
+    positive_int("test_subset", test_subset, allow_none=True)
     trainset = mnist_dataset("train", root)
     if train_subset is not None:
         trainset = torch.utils.data.Subset(trainset, range(min(train_subset, len(trainset))))
     testset = mnist_dataset("test", root)
+    if test_subset is not None:
+        testset = torch.utils.data.Subset(testset, range(min(test_subset, len(testset))))
     trainloader = torch.utils.data.DataLoader(trainset, batch_size=batch_size, shuffle=True,
                                               num_workers=num_workers)
     testloader = torch.utils.data.DataLoader(testset, batch_size=test_batch_size, shuffle=False)

@@ -29,6 +29,8 @@ def test_seed_train_refuses_bad_arguments():
         seed_train(epochs=0)
     with pytest.raises(ValueError, match="log_every"):
         seed_train(log_every=0)
+    with pytest.raises(ValueError, match="test_subset"):
+        seed_train(test_subset=0)
 
 
 @pytest.mark.slow
@@ -37,7 +39,7 @@ def test_seed_train_refuses_bad_arguments():
 def test_seed_train_runs_on_a_tiny_subset_and_reports():
     lines = []
     torch.manual_seed(0)
-    hist = seed_train(epochs=2, train_subset=200, num_workers=0, log_every=25, log=lines.append)
+    hist = seed_train(epochs=2, train_subset=200, num_workers=0, log_every=25, log=lines.append, test_subset=300)
     assert len(hist.train_loss) == len(hist.val_accuracy) == len(hist.images_per_second) == 2
     assert len(hist.step_loss) == 2 * 50
     assert all(0.0 <= a <= 1.0 for a in hist.val_accuracy)
@@ -45,3 +47,4 @@ def test_seed_train_runs_on_a_tiny_subset_and_reports():
     assert hist.train_loss[-1] < hist.train_loss[0]  # loss falls even on 200 images
     assert any(line.startswith("[1,    25] loss:") for line in lines) and lines[-1] == "Finished Training"
     assert isinstance(hist.model, SeedNet)
+    assert "on the 300 test images" in lines[-2]
