@@ -6,7 +6,7 @@ import torch
 
 from course_lib import bench
 from course_lib.bench import pipeline as pipeline_bench
-from course_lib.distributed import pipeline
+from course_lib.distributed import pipeline, pipeline_torch
 from course_lib.distributed.launch import launch
 
 P = pipeline
@@ -39,7 +39,8 @@ def test_two_ranks_train_like_one_process_and_like_torch():
     ref = P.train_single(steps=3)
     runs = [("gpipe", 1), ("gpipe", 4), ("1f1b", 4)]
     results = launch(P.several, 2, *[(P.train, (s, m)) for s, m in runs],
-                     (P.compare_with_torch_pipelining, (4,)), timeout=200)
+                     (P.compare_with_torch_pipelining, (4,)), (pipeline_torch.compare_with_torch_schedules, (4,)),
+                     timeout=200)
     for i, (schedule, M) in enumerate(runs):
         ranks = [r[i] for r in results]
         assert P.max_weight_difference(ranks, ref) < 1e-6, (schedule, M)
@@ -51,6 +52,17 @@ def test_two_ranks_train_like_one_process_and_like_torch():
         assert all(c[f"{name}_order"] and c[f"{name}_grad_diff"] < 1e-6 for c in torch_cmp)
         assert torch_cmp[-1][f"{name}_loss"] == pytest.approx(torch_cmp[-1][f"{name}_ours_loss"], abs=1e-6)
         assert torch_cmp[-1][f"{name}_loss"] == pytest.approx(ref["losses"][0], abs=1e-6)
+    assert_torch_schedules_agree([r[4] for r in results])
+
+
+def assert_torch_schedules_agree(ranks):
+    """compare_with_torch_schedules on every rank: torch's plan and what its stages ran are our order; gradients
+    and the loss (on the rank that computes it) are those of one process on the whole batch."""
+    for name in pipeline_torch.TORCH_SCHEDULES:
+        assert all(r[f"{name}_plan"] and r[f"{name}_ran"] for r in ranks), name
+        assert max(r[f"{name}_grad_diff"] for r in ranks) < 1e-6, name
+        losses = [(r[f"{name}_loss"], r[f"{name}_ref_loss"]) for r in ranks if r[f"{name}_ref_loss"]]
+        assert len(losses) == 1 and losses[0][0] == pytest.approx(losses[0][1], abs=1e-6), name
 
 
 @pytest.mark.slow
@@ -58,12 +70,14 @@ def test_two_ranks_train_like_one_process_and_like_torch():
 def test_four_ranks_activation_memory_and_torch():
     ref = P.train_single(steps=2, batch=16)
     results = launch(P.several, 4, (P.train, ("gpipe", 8, 2)), (P.train, ("1f1b", 8, 2)),
-                     (P.compare_with_torch_pipelining, (4,)), timeout=280)
+                     (P.compare_with_torch_pipelining, (4,)), (pipeline_torch.compare_with_torch_schedules, (8,)),
+                     timeout=280)
     for i, peaks in enumerate([[8, 8, 8, 8], [4, 3, 2, 1]]):
         ranks = [r[i] for r in results]
         assert P.max_weight_difference(ranks, ref) < 1e-6
         assert [r["peak_in_flight"] for r in ranks] == peaks
     assert all(r[2]["gpipe_order"] and r[2]["1f1b_order"] and r[2]["1f1b_grad_diff"] < 1e-6 for r in results)
+    assert_torch_schedules_agree([r[3] for r in results])
 
 
 def test_max_weight_difference_counts_parameters():

@@ -3,7 +3,8 @@
 `record_stages` runs ONE micro-batch's forward and backward through each stage (in one process, on
 real or meta tensors) under the `Recorder`: the stage's ops with their FLOPs and bytes, the bytes of
 the activation it sends on and of the gradient it sends back, the activations autograd keeps for
-its backward, and its SGD step. `replay_pipeline` then plays a whole step: every stage is one
+its backward, and its SGD step. `replay_pipeline` then plays a whole step on `pipeline_clock`'s loop
+(`replay_actions`, shared with the interleaved and zero-bubble schedules): every stage is one
 device with a compute stream and a send stream; each rank runs the per-stage order of
 `distributed.schedules` (the order `pipeline.run_schedule` runs for real), an op starting when its
 stage is free and its input has arrived; a message takes α + bytes·β over `profile.intra` if the
@@ -31,7 +32,9 @@ from torch.profiler import record_function
 
 from .. import trace
 from ..distributed import pipeline_trace, schedules
+from ..distributed.schedules_zb import Action
 from ..validate import boolean, one_of, positive_int
+from .pipeline_clock import replay_actions
 from .profiles import Profile, check_profile
 from .record import Event, Recorder, _key
 
@@ -168,32 +171,18 @@ def replay_pipeline(recorded: RecordedPipeline, profile: Profile, schedule: str 
     else:
         t = {(k, kind): float(d[kind]) for k, d in enumerate(stage_seconds) for kind in ("F", "B", "O")}
     orders = schedules.order(schedule, K, M)
-    arrival: dict[tuple, float] = {}          # (stage, kind, micro) -> when its input message arrives
-    free, send_free, pos = [0.0] * K, [0.0] * K, [0] * K
-    spans = []
-    while any(p < len(o) for p, o in zip(pos, orders)):
-        moved = False
-        for k in range(K):
-            while pos[k] < len(orders[k]):
-                kind, m = orders[k][pos[k]]
-                needs_msg = (kind == "F" and k > 0) or (kind == "B" and k < K - 1)
-                if needs_msg and (k, kind, m) not in arrival:
-                    break
-                start = max(free[k], arrival.get((k, kind, m), 0.0))
-                free[k] = start + t[(k, kind)]
-                spans.append(_span(f"{'forward' if kind == 'F' else 'backward'} mb{m}", k, "compute", start, free[k]))
-                dest = k + 1 if kind == "F" else k - 1
-                if 0 <= dest < K:
-                    nbytes = st[k].send_bytes if kind == "F" else st[k].grad_bytes
-                    begin = max(free[k], send_free[k])
-                    send_free[k] = begin + link.alpha + nbytes * link.beta
-                    arrival[(dest, kind, m)] = send_free[k]
-                    what = "activation" if kind == "F" else "gradient"
-                    spans.append(_span(f"send {what} mb{m} to stage {dest}", k, "comm", begin, send_free[k]))
-                pos[k] += 1
-                moved = True
-        if not moved:
-            raise RuntimeError(f"replay is stuck: the {schedule} orders deadlock")
+
+    def message_s(a: Action) -> float:
+        return link.alpha + (st[a.stage].send_bytes if a.kind == "F" else st[a.stage].grad_bytes) * link.beta
+
+    replay = replay_actions([[Action(kind, k, m) for kind, m in o] for k, o in enumerate(orders)],
+                            lambda a: t[(a.stage, a.kind)], message_s)
+    spans = [_span(f"{'forward' if r.action.kind == 'F' else 'backward'} mb{r.action.micro}", r.rank, "compute",
+                   r.start, r.end) for r in replay.runs]
+    spans += [_span(f"send {'activation' if s.action.kind == 'F' else 'gradient'} mb{s.action.micro} to stage {s.dest}",
+                    s.rank, "comm", s.start, s.end) for s in replay.sends]
+    free = [max(r.end for r in replay.runs if r.rank == k) for k in range(K)]
+    send_free = [max([s.end for s in replay.sends if s.rank == k], default=0.0) for k in range(K)]
     if optimizer:                             # after the stage's last send is done, as run_schedule waits for it
         for k in range(K):
             start = max(free[k], send_free[k])
