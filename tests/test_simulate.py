@@ -56,17 +56,23 @@ def test_hand_computable_step_replays_to_the_formula():
     assert p.timeline.rows == ["rank 0 · compute", "rank 0 · comm", "rank 1 · compute", "rank 1 · comm"]
 
 
-def test_larger_world_follows_alpha_beta_and_hierarchy():
+def test_larger_world_follows_the_network_model():
     rec = toy_recording()
     comm = {w: replay(rec, TOY, world=w).comm_s for w in (1, 2, 4, 8, 64)}
     assert comm[1] == 0.0
     for w in (2, 4, 8):   # one node: a ring over NVLink-ish
         assert comm[w] == pytest.approx(ring_time(4e6, w, 1e-5, 1e-10), rel=1e-12)
-    hier = ring_time(4e6, 8, 1e-5, 1e-10) + ring_time(4e6 / 8, 8, 1e-4, 1e-9)       # 8 nodes of 8
-    assert comm[64] == pytest.approx(hier, rel=1e-12)
+    # 8 nodes of 8, one card per GPU (nics_per_node None): each GPU's rings cross at min(10, 8 x 1) = 8 GB/s
+    ring = 2 * (64 - 8) * 1e-5 + 2 * (8 - 1) * 1e-4 + 2 * 63 / 64 * 4e6 / 8e9
+    tree = 2 * 7 * 1e-5 + 2 * 3 * 1e-4 + 2 * 4e6 / 8e9
+    assert comm[64] == pytest.approx(min(ring, tree), rel=1e-12)                      # "auto": NCCL's pick
+    assert collective_seconds("all_reduce", 4e6, 64, TOY, "ring") == pytest.approx(ring, rel=1e-12)
+    hier = ring_time(4e6, 8, 1e-5, 1e-10) + ring_time(4e6 / 8, 8, 1e-4, 1e-9)        # 8 nodes of 8
+    assert collective_seconds("all_reduce", 4e6, 64, TOY, "hierarchical") == pytest.approx(hier, rel=1e-12)
     assert comm[1] < comm[2] < comm[4] < comm[8] < comm[64]
-    flat = collective_seconds("all_reduce", 4e6, 64, TOY, "tree", hierarchical=False)
-    assert flat == pytest.approx(allreduce_time("tree", 4e6, 64, 1e-4, 1e-9))
+    mistake = collective_seconds("all_reduce", 4e6, 64, TOY, "one_card_ring")
+    assert mistake == pytest.approx(allreduce_time("ring", 4e6, 64, 1e-4, 1e-9))     # one ring at one card's speed
+    assert replay(rec, TOY, world=64, algorithm="one_card_ring").comm_s == pytest.approx(mistake, rel=1e-12)
 
 
 def test_recorded_single_step_matches_profiler_phase_order(tmp_path):
@@ -148,7 +154,7 @@ def test_bad_arguments_name_the_allowed_values():
         check_strategy("zero3", 8)
     with pytest.raises(ValueError, match="world must be 1"):
         check_strategy("single", 8)
-    with pytest.raises(ValueError, match="ring"):
+    with pytest.raises(ValueError, match="hierarchical"):
         replay(toy_recording(), TOY, algorithm="mesh")
     with pytest.raises(ValueError, match="all_reduce"):
         collective_seconds("broadcast", 1e6, 8, TOY)
@@ -238,7 +244,8 @@ def test_fsdp_step_records_gathers_and_scatters_and_replays_them_as_half_rings()
     assert rec.sharded and rec.measured_step_s > 0
     link = TOY.intra
     assert collective_seconds("all_gather", 8e6, 4, TOY) == pytest.approx(3 * link.alpha + 3 / 4 * 8e6 * link.beta)
-    assert collective_seconds("reduce_scatter", 8e6, 16, TOY) == pytest.approx(15 * 1e-4 + 15 / 16 * 8e6 * 1e-9)
+    # 2 nodes of 8: 14 NVLink steps and 1 network step, 15/16 of the tensor at min(10, 8 cards x 1) = 8 GB/s
+    assert collective_seconds("reduce_scatter", 8e6, 16, TOY) == pytest.approx(14 * 1e-5 + 1e-4 + 15 / 16 * 8e6 / 8e9)
     small, big = (replay(rec, TOY, world=w) for w in (2, 8))
     assert big.comm_s > small.comm_s and big.collectives == small.collectives
     opt = [e for e in rec.ranks[0].events if e.phase == "optimizer" and e.stream == "compute" and not e.view]

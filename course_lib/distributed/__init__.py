@@ -4,7 +4,9 @@
 - `workers`: small worker functions for `launch` demos (notebook 07).
 - `collectives`: broadcast, reduce, all-reduce (naive, tree, ring), ... from send/recv; traffic counting.
 - `ring`: the ring all-reduce schedule: which chunk moves where at each of the 2(N-1) steps.
-- `costmodel`: the alpha-beta cost model of all-reduce: predict, measure, fit, "what if?".
+- `costmodel`: the alpha-beta cost model of all-reduce: predict, measure, fit.
+- `network`: one model of a cluster's network (NVLink inside a node, every card between nodes) and of
+  NCCL's ring and tree on it; "what if?" for real clusters; used by the lectures and by `simulate`.
 - `paramserver`: a parameter server, the other way to combine gradients, against ring all-reduce.
 - `data_parallel`: nn.DataParallel's single-process sequence, simulated; why the master is a bottleneck.
 - `dp_report`: what that sequence costs: traffic against K, its timeline, DP vs DDP vs model parallel.
@@ -13,6 +15,8 @@
 - `faults`: kill a rank on purpose, to watch a job survive it.
 - `schedules`: pipeline schedules as data (GPipe, 1F1B), their bubble and memory.
 - `pipeline`: model and pipeline parallelism: a model cut into stages, send/recv between them.
+- `schedules_zb`: schedules that shrink the bubble (interleaved 1F1B, ZB-H1, ZB-V) as per-rank actions.
+- `pipeline_torch`: torch.distributed.pipelining's interleaved and zero-bubble schedules, read and run.
 - `tensor_parallel`: column- and row-parallel Linear layers (Megatron-LM style).
 - `sharding`: ZeRO's memory arithmetic, a hand-sharded optimizer, FSDP2 helpers.
 - `sharding_workers`: workers that measure sharded training against DDP.

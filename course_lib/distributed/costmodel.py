@@ -1,4 +1,4 @@
-"""The α–β cost model of all-reduce: predict, measure, fit, and ask "what if?".
+"""The α–β cost model of all-reduce: predict, measure, fit.
 
 Sending one message of n bytes costs  α + n·β  (α: latency in s, β: s per byte = 1 / bandwidth).
 Counting the messages on the critical path of each algorithm (p ranks, n bytes per rank):
@@ -14,6 +14,10 @@ to measured times by least squares (`fit_alpha_beta`).
     from course_lib.distributed.costmodel import measure, fit_alpha_beta
     m = measure([2**10, 2**20, 2**24], impls=("torch", "ring"), world_size=2)
     alpha, beta = fit_alpha_beta(m["sizes"], m["times"]["ring"], "ring", 2)
+
+These formulas price one link type. A cluster has two (NVLink inside a node, network cards between nodes) and
+NCCL spreads a collective over all of a node's cards: `network` builds that model, and the "what if?" questions
+about real clusters, on `allreduce_time`.
 """
 from __future__ import annotations
 
@@ -27,27 +31,10 @@ import torch
 import torch.distributed as dist
 
 from ..env import rank_device
-from ..validate import number_in_range, one_of, positive_int, positive_number
+from ..validate import one_of, positive_int
 
 ALGORITHMS = ("naive", "tree", "ring")
-# NVLink per GPU, in GB/s: (both directions together, as datasheets quote it; ONE direction). A ring
-# all-reduce sends and receives at the same time, so the model uses the per-direction figure.
-# Sources: NVIDIA Tesla V100 datasheet (2017), A100 datasheet (2020), H100 Tensor Core GPU datasheet
-# (2022), DGX B200 / Blackwell datasheet (2024).
-NVLINK_GENERATIONS = {"NVLink2 (V100)": (300.0, 150.0), "NVLink3 (A100)": (600.0, 300.0),
-                      "NVLink4 (H100)": (900.0, 450.0), "NVLink5 (B200)": (1800.0, 900.0)}
-# GPUs that reach each other over NVLink (an NVLink "domain"): 8 on an HGX/DGX node, 72 in a GB200 NVL72
-# rack (NVIDIA GB200 NVL72 datasheet, 2024). Beyond it a ring crosses the inter-node network.
-NVLINK_DOMAIN = {"HGX node": 8, "GB200 NVL72": 72}
-# (α s, GB/s PER DIRECTION per GPU) of the links in the what-if tables. Bandwidths: NVLink4 as above;
-# InfiniBand NDR 400 Gb/s = 50 GB/s each way, one NIC per GPU as on DGX H100 (NVIDIA DGX H100 datasheet,
-# 2023); 10 Gb Ethernet = 1.25 GB/s each way. The α values are rough, illustrative assumptions.
-LINKS = {"NVLink4 (H100)": (5e-6, NVLINK_GENERATIONS["NVLink4 (H100)"][1]),
-         "NVLink5 (B200)": (5e-6, NVLINK_GENERATIONS["NVLink5 (B200)"][1]),
-         "InfiniBand NDR": (10e-6, 50.0), "10 GbE": (50e-6, 1.25)}
-# Illustrative models: (parameters, assumed compute seconds per training step on one GPU).
-EXAMPLE_MODELS = {"Net": (21_840, 0.001), "LeNet-5": (431_080, 0.002),
-                  "ResNet-50": (25_600_000, 0.1), "1B-param": (1_000_000_000, 1.0)}
+
 
 def _coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
     """(a, b) with T = a·α + b·n·β for `algorithm` on `world_size` ranks."""
@@ -93,16 +80,6 @@ def allreduce_terms(algorithm: str, n_bytes, world_size: int, alpha: float, beta
     a, _ = _coefficients(algorithm, world_size)
     total = allreduce_time(algorithm, n_bytes, world_size, alpha, beta)
     return a * alpha, total - a * alpha
-
-
-def link_for(n_gpus: int, domain: int = 8, inside: str = "NVLink4 (H100)", between: str = "InfiniBand NDR") -> str:
-    """The LINKS entry that bounds a ring over `n_gpus`: NVLink inside one NVLink domain (8 GPUs on an
-    HGX node, 72 on GB200 NVL72), the inter-node link beyond it (a ring runs at its slowest link)."""
-    positive_int("n_gpus", n_gpus)
-    positive_int("domain", domain)
-    for name, value in (("inside", inside), ("between", between)):
-        one_of(name, value, tuple(LINKS))
-    return inside if n_gpus <= domain else between
 
 
 def fit_alpha_beta(sizes, times, algorithm: str, world_size: int) -> tuple[float, float]:
@@ -153,47 +130,6 @@ def busbw(size_bytes, time_s, world_size: int, collective: str = "all_reduce"):
     """
     one_of("collective", collective, tuple(_BUS_FACTORS))
     return algbw(size_bytes, time_s) * _BUS_FACTORS[collective](positive_int("world_size", world_size))
-
-
-def scaling_efficiency(parameters: int, bytes_per_param: float, step_compute_s: float, link_GBps: float,
-                       n_gpus: int, alpha: float = 10e-6, overlap: float = 0.0) -> float:
-    """Expected data-parallel scaling efficiency: compute / (compute + exposed all-reduce time).
-
-    Each step computes for `step_compute_s` (per GPU, weak scaling), then ring-all-reduces the
-    gradients (parameters × bytes_per_param bytes) over a link of `link_GBps` GB/s PER DIRECTION (a
-    ring sends and receives at once; datasheets often quote both directions added) with latency
-    `alpha` s. `overlap` in [0, 1]: the fraction of communication hidden behind backward (DDP
-    buckets), never more than the compute itself. 1.0 = perfect scaling.
-    """
-    positive_int("parameters", parameters)
-    positive_int("n_gpus", n_gpus)
-    positive_number("bytes_per_param", bytes_per_param)
-    positive_number("step_compute_s", step_compute_s)
-    positive_number("link_GBps", link_GBps, finite=False, hint=" (math.inf: an infinitely fast link)")
-    number_in_range("alpha", alpha, 0, hint=" (seconds)")
-    number_in_range("overlap", overlap, 0, 1)
-    comm = ring_time(parameters * bytes_per_param, n_gpus, alpha, 1.0 / (link_GBps * 1e9))
-    exposed = comm - min(overlap * comm, step_compute_s)
-    return step_compute_s / (step_compute_s + exposed)
-
-
-def what_if_table(models: dict | None = None, links: dict | None = None, n_gpus: int = 8,
-                  bytes_per_param: float = 4, overlap: float = 0.0) -> list[dict]:
-    """Rows (model, link, gradient MB, all-reduce ms, efficiency) for each model × link.
-
-    models: name -> (parameters, step_compute_s); links: name -> (alpha s, GB/s per direction).
-    Defaults are EXAMPLE_MODELS and LINKS: rough, illustrative numbers.
-    """
-    positive_int("n_gpus", n_gpus)
-    rows = []
-    for model, (params, compute) in (models or EXAMPLE_MODELS).items():
-        for link, (alpha, gbps) in (links or LINKS).items():
-            comm = ring_time(params * bytes_per_param, n_gpus, alpha, 1.0 / (gbps * 1e9))
-            eff = scaling_efficiency(params, bytes_per_param, compute, gbps, n_gpus, alpha=alpha, overlap=overlap)
-            rows.append({"model": model, "params": params, "link": link, "GB/s per direction": gbps, "GPUs": n_gpus,
-                         "grad MB": round(params * bytes_per_param / 1e6, 2), "compute ms": round(compute * 1e3, 1),
-                         "all-reduce ms": round(comm * 1e3, 3), "efficiency": round(eff, 3)})
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------

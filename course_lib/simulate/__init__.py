@@ -13,6 +13,8 @@
   then `calibrate` per op kind on one measured step).
 - `pipeline`: GPipe and 1F1B replayed from each stage's recorded micro-batch (`record_stages`,
   `replay_pipeline`), and lecture 09's 2-stage step measured against its replay (`compare_measured`).
+- `pipeline_clock`: the loop under it: any schedule's per-rank F/B/I/W actions replayed with given times
+  (interleaved 1F1B and zero bubble in lecture 09), checked and drawn.
 - `shapes`: GPT-2 small recorded by shape on the meta device (no weights, no arithmetic).
 Command line: `python -m course_lib.simulate --strategy ddp --world 64 --profile h100_node`.
 """

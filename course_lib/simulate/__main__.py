@@ -37,7 +37,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--world", type=int, default=8, help="devices to replay on")
     parser.add_argument("--profile", default="h100_node", help=f"one of {tuple(PROFILES)}")
     parser.add_argument("--bucket-mb", type=float, default=None, help="re-bucket the gradients (MB per bucket)")
-    parser.add_argument("--algorithm", default="ring", help=f"one of {ALGORITHMS}")
+    parser.add_argument("--algorithm", default="auto", help=f"one of {ALGORITHMS} (network.py)")
     parser.add_argument("--batch", type=int, default=64, help="batch per rank of the recorded step (not gpt2: 8)")
     parser.add_argument("--recording", type=Path, default=None, help="JSON recording to load or save")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")

@@ -1,9 +1,11 @@
-"""Hardware profiles for `replay`: one device's roofs, its per-op overhead, and the links between devices.
+"""Hardware profiles for `replay`: one device's roofs, its per-op overhead, and the network between devices.
 
 Copy one and change a number (`dataclasses.replace(h100_node(), gpus_per_node=4)`) to ask "what if?".
-Every figure says where it comes from: a datasheet (via `hardware.CHIPS` and `costmodel.LINKS`, which
+Every figure says where it comes from: a datasheet (via `hardware.CHIPS` and `network.FABRICS`, which
 carry their sources), a measurement on this machine (`cpu_this_machine`), or "assumption" — the
 efficiency factors, per-op overheads and link latencies α are rough, illustrative choices, not data.
+The network of a profile is a `network.Fabric` (`Profile.fabric`): collectives cost what
+`network.collective_seconds` says, the same function lectures 05 and 08 use.
 
 GPU peaks are dense bf16 tensor-core FLOP/s (a GPU would train this model in mixed precision); the
 recorded bytes stay as recorded (fp32 on the CPU: an upper bound on the traffic, and DDP all-reduces
@@ -18,22 +20,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..distributed.costmodel import LINKS, NVLINK_GENERATIONS
+from ..distributed.network import FABRICS, Fabric, Link
 from ..hardware import CHIPS
 from ..validate import one_of, positive_int, positive_number
-
-
-@dataclass(frozen=True)
-class Link:
-    """α: seconds per message; GBps: GB/s (1e9 B/s) per direction per device."""
-
-    alpha: float
-    GBps: float
-
-    @property
-    def beta(self) -> float:
-        """Seconds per byte."""
-        return 1.0 / (self.GBps * 1e9)
 
 
 @dataclass(frozen=True)
@@ -42,8 +31,8 @@ class Profile:
     peak_flops: float          # FLOP/s of one device
     mem_GBps: float            # memory bandwidth of one device, GB/s
     gpus_per_node: int         # devices joined by `intra`; beyond them `inter`
-    intra: Link
-    inter: Link
+    intra: Link                # NVLink: α, GB/s per direction per device
+    inter: Link                # ONE network card: α between nodes, GB/s per direction per card
     eff_flops: float = 0.6     # share of peak a real kernel reaches (assumption)
     eff_bw: float = 0.8        # share of memory bandwidth a real kernel reaches (assumption)
     launch_s: float = 5e-6     # per op: eager-mode kernel launch (assumption: a few µs on a GPU)
@@ -51,6 +40,13 @@ class Profile:
     view_s: float = 0.0        # per view/metadata op (no kernel on a GPU)
     source: str = ""
     op_scale: dict = field(default_factory=dict)   # op name -> measured / roofline time (`calibrate`)
+    nics_per_node: int | None = None   # network cards per node; None: one per device, as on a DGX
+
+    @property
+    def fabric(self) -> Fabric:
+        """The network of this profile as a `network.Fabric`, what collectives are priced on."""
+        return Fabric(self.name, self.gpus_per_node, self.intra, self.nics_per_node or self.gpus_per_node,
+                      self.inter, self.source)
 
     def op_seconds(self, flops: float, nbytes: float, view: bool = False, name: str = "") -> float:
         """Roofline time of one op: max(compute, memory) x its calibrated factor, plus the launch overhead
@@ -67,52 +63,50 @@ def _chip(name: str):
     return next(c for c in CHIPS if c.name == name)
 
 
-def _link(name: str) -> Link:
-    return Link(*LINKS[name])
+def _network(fabric: str) -> dict:
+    """The Profile fields that describe network.FABRICS[fabric]: the one set of link figures."""
+    f = FABRICS[fabric]
+    return {"gpus_per_node": f.gpus_per_node, "intra": f.intra, "inter": f.inter, "nics_per_node": f.nics_per_node}
 
 
 def h100_node() -> Profile:
     """DGX/HGX H100: 8 x H100 SXM (989 TFLOP/s bf16 dense, 3.35 TB/s HBM3: NVIDIA H100 datasheet, 2023,
-    via hardware.CHIPS), NVLink4 450 GB/s per direction per GPU (H100 datasheet: 900 GB/s both ways),
-    one 400 Gb/s InfiniBand NDR NIC per GPU = 50 GB/s per direction (NVIDIA DGX H100 datasheet, 2023);
-    α of both links from costmodel.LINKS (assumptions)."""
+    via hardware.CHIPS); its network is network.FABRICS["DGX H100"]: NVLink4 450 GB/s per direction per GPU,
+    8 InfiniBand NDR cards of 50 GB/s per direction (NVIDIA DGX H100 datasheet, 2023); α assumed."""
     chip = _chip("NVIDIA H100 SXM")
-    return Profile("h100_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, 8, _link("NVLink4 (H100)"),
-                   _link("InfiniBand NDR"), source=f"{chip.source}; costmodel.LINKS", async_launch=True)
+    return Profile("h100_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, **_network("DGX H100"),
+                   source=f"{chip.source}; network.FABRICS['DGX H100']", async_launch=True)
 
 
 def h200_node() -> Profile:
     """HGX H200: as h100_node with H200 SXM chips (same 989 TFLOP/s bf16 dense; 141 GB HBM3e at 4.8 TB/s:
-    NVIDIA H200 datasheet, 2024, via hardware.CHIPS) and the same NVLink4 and NDR links."""
+    NVIDIA H200 datasheet, 2024, via hardware.CHIPS) and the same network (DGX H200 = DGX H100's)."""
     chip = _chip("NVIDIA H200 SXM")
     return replace(h100_node(), name="h200_node", peak_flops=chip.bf16_tflops * 1e12, mem_GBps=chip.bandwidth_gbs,
-                   source=f"{chip.source}; costmodel.LINKS")
+                   source=f"{chip.source}; network.FABRICS['DGX H100']")
 
 
 def a100_node() -> Profile:
     """DGX A100: 8 x A100 80GB SXM, 312 TFLOP/s bf16 dense and 2,039 GB/s HBM2e (NVIDIA A100 datasheet,
-    2021), NVLink3 300 GB/s per direction (A100 datasheet: 600 GB/s both ways), one 200 Gb/s HDR
-    InfiniBand NIC per GPU = 25 GB/s per direction (NVIDIA DGX A100 datasheet, 2020); α assumed as LINKS'."""
-    nvlink = NVLINK_GENERATIONS["NVLink3 (A100)"][1]
-    return Profile("a100_node", 312e12, 2039.0, 8, Link(LINKS["NVLink4 (H100)"][0], nvlink),
-                   Link(LINKS["InfiniBand NDR"][0], 25.0), source="NVIDIA A100 and DGX A100 datasheets", async_launch=True)
+    2021); network.FABRICS["DGX A100"]: NVLink3 300 GB/s per direction, 8 HDR cards of 25 GB/s per direction."""
+    return Profile("a100_node", 312e12, 2039.0, **_network("DGX A100"),
+                   source="NVIDIA A100 datasheet; network.FABRICS['DGX A100']", async_launch=True)
 
 
 def b200_node() -> Profile:
     """DGX B200: 8 x B200 (2,250 TFLOP/s bf16 dense, 8 TB/s HBM3e: NVIDIA DGX B200 datasheet, 2024, via
-    hardware.CHIPS), NVLink5 900 GB/s per direction, one 400 Gb/s ConnectX-7 NIC per GPU = 50 GB/s per
-    direction (DGX B200 datasheet); α of both links from costmodel.LINKS (assumptions)."""
+    hardware.CHIPS); network.FABRICS["DGX B200"]: NVLink5 900 GB/s per direction, 8 NDR cards of 50 GB/s."""
     chip = _chip("NVIDIA B200 (HGX)")
-    return Profile("b200_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, 8, _link("NVLink5 (B200)"),
-                   _link("InfiniBand NDR"), source=f"{chip.source}; costmodel.LINKS", async_launch=True)
+    return Profile("b200_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, **_network("DGX B200"),
+                   source=f"{chip.source}; network.FABRICS['DGX B200']", async_launch=True)
 
 
 def cloud_vm_25gbe() -> Profile:
     """One A100 40GB per VM (312 TFLOP/s bf16 dense, 1,555 GB/s HBM2: NVIDIA A100 datasheet, 2021), VMs
-    joined by 25 Gb/s Ethernet = 3.125 GB/s per direction (the VM's stated network rate; cloud VMs of
-    this kind quote 'up to' figures); α = 50 µs, as costmodel.LINKS assumes for Ethernet with TCP."""
-    ethernet = Link(LINKS["10 GbE"][0], 25 / 8)
-    return Profile("cloud_vm_25gbe", 312e12, 1555.0, 1, ethernet, ethernet, source="NVIDIA A100 datasheet; 25 GbE", async_launch=True)
+    joined by one 25 Gb/s Ethernet port each: network.FABRICS["cloud VMs, 25 GbE"] (3.125 GB/s per direction,
+    α = 50 µs assumed for Ethernet with TCP)."""
+    return Profile("cloud_vm_25gbe", 312e12, 1555.0, **_network("cloud VMs, 25 GbE"),
+                   source="NVIDIA A100 datasheet; network.FABRICS['cloud VMs, 25 GbE']", async_launch=True)
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -216,4 +210,5 @@ def check_profile(profile: Profile) -> Profile:
     for name in ("peak_flops", "mem_GBps", "eff_flops", "eff_bw"):
         positive_number(f"profile.{name}", getattr(profile, name))
     positive_int("profile.gpus_per_node", profile.gpus_per_node)
+    positive_int("profile.nics_per_node", profile.nics_per_node, allow_none=True)
     return profile

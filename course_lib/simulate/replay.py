@@ -4,19 +4,11 @@ Each device has a compute stream and a communication stream. Ops run one after a
 compute stream, each taking its roofline time (`Profile.op_seconds`: max(FLOPs / peak, bytes /
 bandwidth) with efficiency factors, + a per-op launch overhead). Collectives run one after another on
 the comm stream, each starting when its inputs are ready on EVERY rank (a collective is done
-together), taking the α–β time of `costmodel.allreduce_time`. Communication overlaps compute except
-where an op waits for a collective (the optimizer for the all-reduced gradients).
-
-Collective model (`collective_seconds`), for p ranks and g = gpus_per_node:
-- p <= g: one `algorithm` all-reduce (ring or tree) over the intra-node link;
-- p > g, hierarchical (default): reduce-scatter + all-gather inside each node (cost of a ring
-  all-reduce over g ranks on the intra link) plus an `algorithm` all-reduce of the n/g-byte shard
-  across the p/g nodes on the inter link, g of them at once (one NIC per GPU) — NCCL's and
-  Horovod's hierarchical all-reduce;
-- p > g, flat: one `algorithm` all-reduce over all p ranks at the inter link's speed (a ring runs at
-  its slowest link);
-- all-gather and reduce-scatter (FSDP): a ring, (p−1)·α + (p−1)/p·S·β for the whole tensor S, over the
-  intra link inside a node, else the inter link (no hierarchy modelled for them).
+together), taking `collective_seconds`: `network.collective_seconds` on the profile's fabric
+(`Profile.fabric`), the one network model of the course (lectures 05 and 08): NVLink inside a node,
+every network card of the node between nodes, with `algorithm` one of network.ALGORITHMS ("auto":
+the faster of NCCL's ring and tree, per collective) or network.ONE_CARD. Communication overlaps compute
+except where an op waits for a collective (the optimizer for the all-reduced gradients).
 
 Scaling by shape: `world` replays the recorded ranks as if the group had `world` ranks (each rank's
 batch and gradient bytes unchanged); `bucket_mb` re-buckets the gradients as DDP would (parameters in
@@ -29,39 +21,24 @@ recording's optimizer ops shrink with the shard (recorded world / world).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import torch
 
 from .. import trace
-from ..distributed.costmodel import allreduce_time
+from ..distributed import network
 from ..distributed.ddp import assign_buckets
 from ..validate import one_of, positive_int, positive_number
 from .profiles import Profile, check_profile
 from .record import Event, RankTrace, Recording
 
-ALGORITHMS = ("ring", "tree")
-SUPPORTED = ("all_reduce", "all_gather", "reduce_scatter")
+ALGORITHMS = network.ALGORITHMS + (network.ONE_CARD,)
 
 
-def collective_seconds(kind: str, nbytes: float, world: int, profile: Profile, algorithm: str = "ring",
-                       hierarchical: bool = True) -> float:
-    """Seconds of one collective over `world` ranks of the whole tensor `nbytes` (the module docstring's model)."""
-    one_of("collective kind", kind, SUPPORTED, hint=" (broadcast and point-to-point are not modelled)")
-    one_of("algorithm", algorithm, ALGORITHMS)
-    positive_int("world", world)
-    g = min(profile.gpus_per_node, world)
-    if kind != "all_reduce":      # half a ring all-reduce: (N-1) steps of S/N; across nodes the slowest link
-        link = profile.intra if world <= g else profile.inter
-        return (world - 1) * link.alpha + (world - 1) / world * nbytes * link.beta
-    if world <= g:
-        return allreduce_time(algorithm, nbytes, world, profile.intra.alpha, profile.intra.beta)
-    nodes = math.ceil(world / g)
-    if not hierarchical:
-        return allreduce_time(algorithm, nbytes, world, profile.inter.alpha, profile.inter.beta)
-    return (allreduce_time("ring", nbytes, g, profile.intra.alpha, profile.intra.beta)
-            + allreduce_time(algorithm, nbytes / g, nodes, profile.inter.alpha, profile.inter.beta))
+def collective_seconds(kind: str, nbytes: float, world: int, profile: Profile, algorithm: str = "auto") -> float:
+    """Seconds of one collective (network.KINDS) over `world` ranks of the whole tensor `nbytes` on `profile`'s
+    network: `network.collective_seconds`, so the simulator and the lectures' formulas give the same number."""
+    return network.collective_seconds(kind, nbytes, world, check_profile(profile).fabric, algorithm)
 
 
 @dataclass
@@ -119,7 +96,7 @@ def rebucket(rank: RankTrace, params: list, bucket_mb: float, world: int) -> Ran
 
 
 def replay(recording: Recording, profile: Profile, world: int | None = None, bucket_mb: float | None = None,
-           algorithm: str = "ring", hierarchical: bool = True, label: str | None = None) -> Prediction:
+           algorithm: str = "auto", label: str | None = None) -> Prediction:
     """Run `recording` on the virtual clock of `profile` (see the module docstring); a Prediction."""
     if not isinstance(recording, Recording):
         raise TypeError(f"recording must be a simulate.Recording; got {type(recording).__name__}")
@@ -129,21 +106,21 @@ def replay(recording: Recording, profile: Profile, world: int | None = None, buc
     ranks = recording.ranks
     if bucket_mb is not None or (world > 1 and not any(e.stream == "comm" for e in ranks[0].events)):
         ranks = [rebucket(r, recording.params, bucket_mb or 25.0, world) for r in ranks]
-    times = [[_duration(e, profile, world, recording.world_size, algorithm, hierarchical, recording.sharded)
+    times = [[_duration(e, profile, world, recording.world_size, algorithm, recording.sharded)
               for e in r.events]
              for r in ranks]
     ends = _schedule([r.events for r in ranks], times)
     return _prediction(recording, profile, world, ranks, times, ends, label)
 
 
-def _duration(e: Event, profile, world, recorded_world, algorithm, hierarchical, sharded) -> float:
+def _duration(e: Event, profile, world, recorded_world, algorithm, sharded) -> float:
     if e.stream == "compute":
         if sharded and e.phase == "optimizer":   # FSDP: each rank updates its 1/world shard
             share = recorded_world / world
             return profile.op_seconds(e.flops * share, e.bytes * share, e.view, e.name)
         return profile.op_seconds(e.flops, e.bytes, e.view, e.name)
     group = world if e.group_size == recorded_world else e.group_size   # the whole group scales with world
-    return collective_seconds(e.name, e.bytes, group, profile, algorithm, hierarchical)
+    return collective_seconds(e.name, e.bytes, group, profile, algorithm)
 
 
 def _schedule(ranks: list[list[Event]], times) -> list[list[float]]:
