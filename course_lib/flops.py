@@ -9,9 +9,12 @@ A training step is the forward plus the backward. A layer's backward does about 
 forward's multiply-adds (the gradient of the input and of the weight, each the size of the
 forward), except that nothing is computed for a gradient nobody needs, such as the input image's.
 
-MFU = achieved model FLOP/s / peak FLOP/s of the device: how much of the machine the model's
-own arithmetic uses (PaLM, Chowdhery et al. 2022). The numerator counts only the model's FLOPs,
-so recomputation or padding cannot inflate it.
+MFU = achieved model FLOP/s / the device's THEORETICAL peak FLOP/s (PaLM, Chowdhery et al. 2022,
+Appendix B: model FLOPs / (time x peak FLOP/s of the hardware); `hardware.peak_flops`): how much of
+the machine the model's own arithmetic uses. The numerator counts only the model's FLOPs, so
+recomputation or padding cannot inflate it. Divided by the achievable peak instead (the best
+measured matmul, `hardware.achievable_flops`) it says how far the run is from a well-tuned kernel
+on the same machine: larger, and not comparable across machines.
 
     from course_lib.flops import count_flops, training_flops_per_image, mfu
     count_flops(lambda: model(x))                  # forward FLOPs of one call
@@ -60,7 +63,11 @@ def training_flops_per_image(model: nn.Module, batch_size: int = 64, image_shape
 
 
 def mfu(flops_per_image: float, images_per_second: float, peak_flops: float) -> float:
-    """Model FLOPs utilisation: flops_per_image * images_per_second / peak_flops (a fraction)."""
+    """Model FLOPs utilisation: flops_per_image * images_per_second / peak_flops (a fraction).
+
+    peak_flops: the theoretical peak in FLOP/s (`hardware.peak_flops(device).flops`); the measured
+    `hardware.achievable_flops(device).flops` gives the achievable MFU.
+    """
     for name, value in (("flops_per_image", flops_per_image), ("images_per_second", images_per_second),
                         ("peak_flops", peak_flops)):
         if not (isinstance(value, (int, float)) and value > 0):

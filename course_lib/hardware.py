@@ -1,16 +1,18 @@
-"""What the hardware can do: measured matmul FLOP/s and memory bandwidth against estimated peaks.
+"""What the hardware can do: measured matmul FLOP/s and memory bandwidth against theoretical peaks.
 
 A matmul of two n x n matrices costs 2*n^3 floating-point operations (n^3 multiply-adds), so
-timing one gives the achieved FLOP/s. Comparing it with the peak (cores x clock x FLOPs per
-cycle on a CPU, the datasheet on a GPU) says how much of the machine a program really uses.
-Copying a tensor far larger than the caches gives the memory bandwidth, the other roof of the
-roofline (`course_lib.roofline`).
+timing one gives the achieved FLOP/s. The theoretical peak is what the hardware could do at most:
+cores x SIMD lanes x FMA units x 2 FLOPs per FMA x clock on a CPU, the datasheet on a GPU. MFU
+divides by it (PaLM, Chowdhery et al. 2022, Appendix B); the best measured matmul is the
+*achievable* peak, what a well-tuned kernel reaches here. Copying a tensor far larger than the
+caches gives the memory bandwidth, the other roof of the roofline (`course_lib.roofline`).
 
     from course_lib.hardware import measure_matmul_gflops, estimate_peak_gflops, measure_bandwidth_gbs
     measure_matmul_gflops(n=1024)            # e.g. 120.0 (GFLOP/s, median of repeats)
-    peak, why = estimate_peak_gflops("cpu")  # value (or None) and how it was found
+    peak, why = estimate_peak_gflops("cpu")  # theoretical GFLOP/s (or None) and how it was found
     measure_bandwidth_gbs()                  # e.g. 12.0 (GB/s, a 64 MiB copy)
-    peak_flops("cpu")                        # Peak(flops=1.2e11, source="measured: ...") for MFU
+    peak_flops("cpu")                        # Peak(flops=1.6e11, source="theoretical: ...") for MFU
+    achievable_flops("cpu")                  # Peak(flops=1.2e11, source="measured: ...")
     print(chips_table())                     # CHIPS: datasheet memory, bandwidth, peaks, with sources
 """
 from __future__ import annotations
@@ -38,10 +40,24 @@ class PeakEstimate(NamedTuple):
 
 
 class Peak(NamedTuple):
-    """The FLOP/s that MFU divides by, and where the figure came from."""
+    """A peak in FLOP/s and where it came from: "theoretical: ..." or "measured: ..."."""
 
     flops: float
     source: str
+
+
+class CpuFacts(NamedTuple):
+    """What a CPU's theoretical peak is derived from (`cpu_facts` reads this machine's; tests inject them).
+
+    cores: cores torch computes on; clock_mhz: None where it cannot be read (some VMs, macOS);
+    flags: ISA flags (x86 "flags", ARM "Features"); machine: as platform.machine() names it.
+    """
+
+    cores: int
+    clock_mhz: float | None
+    clock_source: str
+    flags: frozenset
+    machine: str
 
 
 class LoopVsVector(NamedTuple):
@@ -95,34 +111,63 @@ def measure_bandwidth_gbs(nbytes: int = 64 * 2**20, device="cpu", repeats: int =
 
 
 def peak_flops(device="cpu", dtype=torch.float32) -> Peak:
-    """The peak FLOP/s to divide by for MFU: a known GPU's datasheet figure, else a measured matmul.
+    """The theoretical peak FLOP/s that MFU divides by (PaLM, Chowdhery et al. 2022, Appendix B).
 
-    A CPU's peak is measured (1024 x 1024 matmuls, as `measure_matmul_gflops`; smaller where the CPU
-    computes the dtype in software, see `_cpu_matmul_size`): the ISA estimate is an upper bound that
-    the CPU rarely reaches. Measured once per process, device and dtype (about 0.1-0.3 s on a laptop),
-    then cached. `source` says "measured: ..." or "estimated: ...".
+    `estimate_peak_gflops`: a known GPU's datasheet, a CPU's cores x lanes x FMA units x 2 x clock.
+    Where no theoretical figure exists (an unknown GPU, an unreadable clock, bf16 on a CPU) it falls
+    back to `achievable_flops`, and `source` says so: "theoretical: ..." or "measured: ... (no
+    theoretical peak: why)". On a CPU the matmul is measured too: where it beats the clock's peak (a VM
+    reports its base clock while the cores boost), the peak is taken at the clock the measurement implies.
+    Cached per process, device and dtype.
     """
     _check_dtype(dtype)
     return _peak_flops(get_device(str(device)), dtype)
 
 
+def achievable_flops(device="cpu", dtype=torch.float32) -> Peak:
+    """The achievable peak: the best of 3 timed n x n matmuls (n = 1024 on a CPU, 4096 on a GPU).
+
+    What a well-tuned kernel reaches on this machine now, below the theoretical peak; MFU against
+    it says how far a run is from that kernel, not from the hardware's limit. The best of 3: a
+    peak is what the device reaches when nothing disturbs it. Cached per process, device and dtype
+    (about 0.1-0.3 s on a laptop).
+    """
+    _check_dtype(dtype)
+    return _achievable_flops(get_device(str(device)), dtype)
+
+
 @functools.lru_cache(maxsize=None)
 def _peak_flops(device: torch.device, dtype) -> Peak:
-    if device.type == "cuda":
-        sheet = gpu_peak_from_name(torch.cuda.get_device_name(device), dtype)
-        if sheet.gflops is not None:
-            return Peak(sheet.gflops * 1e9, f"estimated: {sheet.explanation}")
+    estimate = estimate_peak_gflops(device, dtype)
+    if estimate.gflops is not None and device.type != "cpu":
+        return Peak(estimate.gflops * 1e9, f"theoretical: {estimate.explanation}")
+    achievable = _achievable_flops(device, dtype)
+    if estimate.gflops is not None:
+        if achievable.flops <= estimate.gflops * 1e9:
+            return Peak(estimate.gflops * 1e9, f"theoretical: {estimate.explanation}")
+        # A VM often reports its base clock while the cores boost above it: a peak below a measurement is wrong,
+        # so the clock is raised to the one the measurement implies (the peak is then the measured FLOP/s).
+        ratio = achievable.flops / (estimate.gflops * 1e9)
+        return Peak(achievable.flops, f"theoretical: {estimate.explanation}; but {achievable.source} reached "
+                                      f"{achievable.flops / 1e9:,.0f} GFLOP/s, so the cores run {ratio:.2f}x faster "
+                                      "than that clock: the peak is taken at the clock the measurement implies")
+    return Peak(achievable.flops, f"{achievable.source} (no theoretical peak: {estimate.explanation})")
+
+
+@functools.lru_cache(maxsize=None)
+def _achievable_flops(device: torch.device, dtype) -> Peak:
     n = _cpu_matmul_size(dtype) if device.type == "cpu" else 4096   # a GPU needs a larger matmul to fill its cores
-    # the best of 3 single timings: a peak is what the device reaches when nothing disturbs it
     gflops = max(measure_matmul_gflops(n, dtype, device, repeats=1) for _ in range(3))
     where = f"the CPU with {torch.get_num_threads()} torch thread(s)" if device.type == "cpu" else str(device)
     return Peak(gflops * 1e9, f"measured: the best of 3 {n}x{n} {dtype} matmuls on {where}")
 
 
 def _cpu_matmul_size(dtype, budget_s: float = 0.05) -> int:
-    """1024, or 512 or 256 where a 1024 matmul in `dtype` would take longer than `budget_s`: a CPU
-    without bf16/fp16 instructions computes them in software at ~1 GFLOP/s (seconds per 1024 matmul,
-    in every training run that reports MFU), where fp32 runs at ~100 GFLOP/s (about 20 ms)."""
+    """1024 for fp32/fp64 (every CPU has SIMD for them). bf16/fp16: 1024, or 512 or 256 where a 1024
+    matmul would take longer than `budget_s`: a CPU without bf16/fp16 instructions computes them in
+    software at ~1 GFLOP/s (seconds per 1024 matmul, in every training run that reports MFU)."""
+    if dtype in (torch.float32, torch.float64):
+        return 1024
     n = 256
     gflops = measure_matmul_gflops(n, dtype, "cpu", repeats=1)
     while n < 1024 and 2 * (2 * n) ** 3 / (gflops * 1e9) <= budget_s:
@@ -138,45 +183,91 @@ def _lscpu() -> str:
         return ""
 
 
-def _cpu_clock_and_flags() -> tuple[float | None, str, set[str]]:
-    """(clock in MHz or None, where it came from, ISA flags) from lscpu and /proc/cpuinfo."""
-    clock, source, flags = None, "", set()
-    for line in _lscpu().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "CPU max MHz" and value.strip():
-            clock, source = float(value), "lscpu 'CPU max MHz' (highest boost clock)"
-        if key.strip() == "Flags":
-            flags = set(value.split())
+def _cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            cpuinfo = f.read()
+            return f.read()
     except OSError:
-        cpuinfo = ""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if clock is None and key.strip() == "cpu MHz":
-            clock, source = float(value), "/proc/cpuinfo 'cpu MHz' (current clock; boost may be higher)"
-        if not flags and key.strip() == "flags":
-            flags = set(value.split())
-    return clock, source, flags
+        return ""
 
 
-def flops_per_cycle(flags: set[str], dtype=torch.float32) -> tuple[int | None, str]:
-    """FLOPs one core can finish per cycle for fp32/fp64 FMA, from its x86 ISA flags.
+def _fields(text: str) -> list[tuple[str, str]]:
+    """'key : value' lines as (key, value) pairs, in order (/proc/cpuinfo repeats keys per CPU)."""
+    return [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines())]
 
-    An FMA unit does a multiply and an add (2 FLOPs) on every SIMD lane each cycle; recent
-    x86 cores have 2 FMA units. AVX-512 has 16 fp32 lanes, AVX2 has 8, SSE has 4.
+
+def _mhz(text) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
+def cpu_facts() -> CpuFacts:
+    """This machine's CpuFacts from lscpu and /proc/cpuinfo (Linux); elsewhere the clock stays None.
+
+    cores = min(torch threads, physical cores): two hardware threads of one core share its FMA units.
+    Clock: lscpu's "CPU max MHz" (the highest boost clock), else /proc/cpuinfo's current "cpu MHz".
+    """
+    lscpu = dict(_fields(_lscpu()))
+    cpuinfo = _fields(_cpuinfo())
+    clock, source = _mhz(lscpu.get("CPU max MHz")), "lscpu 'CPU max MHz' (highest boost clock)"
+    if clock is None:
+        clock = next((_mhz(v) for k, v in cpuinfo if k == "cpu MHz" and _mhz(v)), None)
+        source = "/proc/cpuinfo 'cpu MHz' (current clock; boost may be higher)" if clock else ""
+    flags = lscpu.get("Flags") or next((v for k, v in cpuinfo if k in ("flags", "Features")), "")
+    try:
+        physical = int(lscpu["Core(s) per socket"]) * int(lscpu["Socket(s)"])
+    except (KeyError, ValueError):
+        physical = os.cpu_count() or 1          # no lscpu (or no such lines): logical CPUs
+    cores = max(1, min(torch.get_num_threads(), physical))
+    return CpuFacts(cores, clock, source, frozenset(flags.split()), platform.machine().lower())
+
+
+X86 = ("x86_64", "amd64", "i686", "i386")
+# (flags that must all be present, ISA, fp32 lanes per vector register, FMA units per core), widest first.
+# FMA units: 2 on recent x86 desktop and server cores (some Xeons and Zen 4 run AVX-512 at half that rate);
+# ARM cores vary: Cortex-A76..A78, Neoverse N1/N2 have 2 x 128-bit, Apple M and Neoverse V1/V2 4.
+SIMD_ISAS = (({"avx512f"}, "AVX-512", 16, 2), ({"avx2", "fma"}, "AVX2+FMA", 8, 2), ({"asimd"}, "NEON", 4, 2))
+
+
+def flops_per_cycle(flags, dtype=torch.float32, machine: str = "x86_64") -> tuple[int | None, str]:
+    """FLOPs one core can finish per cycle for fp32/fp64, from its ISA flags: lanes x FMA units x 2.
+
+    An FMA unit does a multiply and an add (2 FLOPs) on every SIMD lane each cycle; fp64 has half
+    the lanes of fp32. An x86 core without FMA (SSE) has one multiply and one add unit of 4 lanes.
+    (None, why) where no rule applies: bf16/fp16 (AVX512-BF16, AMX), unknown flags off x86.
     """
     _check_dtype(dtype)
     if dtype not in (torch.float32, torch.float64):
         return None, f"no simple ISA rule for {dtype} on a CPU (it depends on AVX512-BF16/AMX support)"
-    lanes_fp32, units, isa = 4, 1, "SSE (4 fp32 lanes, multiply + add, no FMA)"
-    if "avx512f" in flags:
-        lanes_fp32, units, isa = 16, 2, "AVX-512 (16 fp32 lanes, 2 FMA units)"
-    elif "avx2" in flags and "fma" in flags:
-        lanes_fp32, units, isa = 8, 2, "AVX2+FMA (8 fp32 lanes, 2 FMA units)"
+    found = next((isa for isa in SIMD_ISAS if isa[0] <= set(flags)), None)
+    if found is None and machine not in X86:
+        return None, (f"no SIMD flags the course knows (AVX-512, AVX2+FMA, NEON 'asimd') on this {machine!r} "
+                      "CPU: see its vendor's documentation")
+    _, isa, lanes_fp32, units = found or ((), "SSE (no FMA: a multiply and an add unit)", 4, 1)
     lanes = lanes_fp32 if dtype == torch.float32 else lanes_fp32 // 2
-    return units * lanes * 2, f"{isa}: {units} x {lanes} lanes x 2 = {units * lanes * 2} {dtype} FLOPs/cycle"
+    per_cycle = lanes * units * 2
+    return per_cycle, f"{isa}: {lanes} {dtype} lanes x {units} FMA unit(s) x 2 FLOPs = {per_cycle} FLOPs/cycle"
+
+
+def cpu_peak_gflops(facts: CpuFacts, dtype=torch.float32) -> PeakEstimate:
+    """Theoretical peak of a CPU in GFLOP/s: cores x FLOPs/cycle x clock (GHz), from `facts`.
+
+    E.g. 2 cores x (16 AVX-512 fp32 lanes x 2 FMA units x 2) x 3.0 GHz = 384 GFLOP/s. An upper bound
+    (some cores lower their clock under AVX-512); PeakEstimate(None, why) where clock or ISA is unknown.
+    """
+    _check_dtype(dtype)
+    if facts.clock_mhz is None:
+        return PeakEstimate(None, "no clock frequency could be read (no lscpu 'CPU max MHz' or /proc/cpuinfo "
+                                  "'cpu MHz': macOS has neither, some VMs hide them)")
+    per_cycle, isa_text = flops_per_cycle(facts.flags, dtype, facts.machine)
+    if per_cycle is None:
+        return PeakEstimate(None, isa_text)
+    gflops = facts.cores * per_cycle * facts.clock_mhz / 1000
+    return PeakEstimate(gflops, f"{facts.cores} core(s) x ({isa_text}) x "
+                                f"{facts.clock_mhz / 1000:.2f} GHz ({facts.clock_source}) = {gflops:,.0f} GFLOP/s")
 
 
 # Dense datasheet peaks in TFLOP/s (no sparsity). fp32 is the non-tensor-core figure, which
@@ -271,9 +362,9 @@ def gpu_peak_from_name(name: str, dtype=torch.float32) -> PeakEstimate:
 
 
 def estimate_peak_gflops(device="cpu", dtype=torch.float32) -> PeakEstimate:
-    """Peak GFLOP/s of `device` for matmuls in `dtype`, with an explanation of the estimate.
+    """Theoretical peak GFLOP/s of `device` for matmuls in `dtype`, with an explanation.
 
-    CPU: cores used by torch x clock x FLOPs/cycle (from ISA flags). GPU: datasheet table.
+    CPU: `cpu_peak_gflops(cpu_facts())`, cores x lanes x FMA units x 2 x clock. GPU: datasheet table.
     Returns PeakEstimate(None, reason) when no honest figure can be found.
     """
     _check_dtype(dtype)
@@ -282,24 +373,7 @@ def estimate_peak_gflops(device="cpu", dtype=torch.float32) -> PeakEstimate:
         return gpu_peak_from_name(torch.cuda.get_device_name(device), dtype)
     if device.type != "cpu":
         return PeakEstimate(None, f"no peak estimate for device type {device.type!r}")
-    machine = platform.machine().lower()
-    if machine not in ("x86_64", "amd64", "i686", "i386"):
-        return PeakEstimate(None, f"CPU architecture {machine!r} is not x86: FLOPs/cycle cannot be "
-                                  "read from x86 ISA flags (e.g. Apple/ARM cores: see the vendor's documentation)")
-    clock_mhz, clock_source, flags = _cpu_clock_and_flags()
-    if clock_mhz is None:
-        return PeakEstimate(None, f"no clock frequency found (no lscpu 'CPU max MHz' and no /proc/cpuinfo) "
-                                  f"on {platform.system()}")
-    per_cycle, isa_text = flops_per_cycle(flags, dtype)
-    if per_cycle is None:
-        return PeakEstimate(None, isa_text)
-    cores = min(torch.get_num_threads(), os.cpu_count() or 1)
-    gflops = cores * clock_mhz / 1000 * per_cycle
-    explanation = (f"{cores} core(s) (torch.get_num_threads()={torch.get_num_threads()}, "
-                   f"os.cpu_count()={os.cpu_count()}) x {clock_mhz / 1000:.2f} GHz from {clock_source} "
-                   f"x {isa_text} = {gflops:.0f} GFLOP/s. An upper bound: some cores run 512-bit "
-                   "instructions as two 256-bit halves (e.g. AMD Zen 4) or lower their clock under AVX-512.")
-    return PeakEstimate(gflops, explanation)
+    return cpu_peak_gflops(cpu_facts(), dtype)
 
 
 def loop_vs_vectorised(n: int = 100_000, repeats: int = 3) -> LoopVsVector:

@@ -28,8 +28,9 @@ from .validate import boolean, int_in_range, non_negative_int, one_of
 class FloatFormat:
     """A binary float format: 1 sign bit, `exponent_bits`, `mantissa_bits` (stored fraction).
 
-    finite_only: the top exponent code holds ordinary numbers instead of inf (FP8 E4M3 "fn":
-    only the all-ones pattern is NaN), which extends the range by one binade.
+    IEEE-like (FP32, FP16, BF16, FP8 E5M2): the all-ones exponent code holds inf and NaN.
+    finite_only (OCP FP8 E4M3, torch.float8_e4m3fn): it holds ordinary numbers, there is no inf,
+    and only S.1111.111 is NaN; one more binade of range, less its top mantissa.
     """
 
     name: str
@@ -51,7 +52,7 @@ class FloatFormat:
 
     @property
     def max_exponent(self) -> int:
-        """Largest unbiased exponent of a finite number (IEEE keeps the all-ones code for inf/NaN)."""
+        """Largest unbiased exponent of a finite number: code 2^e - 2 (IEEE-like), 2^e - 1 (finite_only)."""
         top = 2**self.exponent_bits - 1 if self.finite_only else 2**self.exponent_bits - 2
         return top - self.bias
 
@@ -62,7 +63,12 @@ class FloatFormat:
 
     @property
     def max(self) -> float:
-        # all mantissa bits set gives 2 - eps; with finite_only that pattern is NaN, so one less
+        """Largest finite number: the top mantissa that is not NaN x 2^max_exponent.
+
+        IEEE-like: (2 - 2^-m) * 2^(2^e - 2 - bias); E5M2: 1.75 * 2^15 = 57344, FP16: 65504.
+        finite_only: all mantissa bits set is NaN, so one step less: (2 - 2^(1-m)) * 2^(2^e - 1 - bias);
+        E4M3: 1.75 * 2^8 = 448.
+        """
         top_fraction = 2 - (2 if self.finite_only else 1) * self.eps
         return top_fraction * 2.0**self.max_exponent
 

@@ -20,10 +20,13 @@ MFU (model FLOPs utilisation, `course_lib.flops`): model_flops_per_image is the 
 FLOPs of one training step per image, counted by torch's FlopCounterMode on one batch (matmuls and
 convolutions only, 2 FLOPs per multiply-add; elementwise work, the loss and the optimizer are not
 counted). achieved_flops = model_flops_per_image * images_per_second (the timed training epochs);
-mfu = achieved_flops / peak_flops. peak_flops comes from `hardware.peak_flops` and peak_source says
-how: "estimated: datasheet ..." for a GPU in the course's table, else "measured: ..." matmul FLOP/s
-on this machine (fp32, or the --precision dtype). Under ddp/fsdp all three are global: achieved and
-peak are sums over the ranks (each rank measures the peak of its own device, or share of the CPU).
+mfu = achieved_flops / peak_flops, the THEORETICAL peak (PaLM's definition) from `hardware.peak_flops`
+(fp32, or the --precision dtype); peak_source says how: "theoretical: ..." (a GPU's datasheet, a CPU's
+cores x SIMD lanes x FMA units x 2 x clock), or "measured: ... (no theoretical peak: why)" where none
+can be derived. mfu_achievable = achieved_flops / achievable_flops, the best measured matmul on this
+machine (`hardware.achievable_flops`, achievable_source). Under ddp/fsdp all are global: achieved and
+peaks are sums over the ranks (each rank derives and measures the peak of its own device, or share
+of the CPU).
 
 --strategy ddp (under torchrun): gloo on CPU, nccl on cuda:LOCAL_RANK; torch's
 DistributedDataParallel; each rank trains on its own shard of the data each epoch
@@ -225,23 +228,25 @@ def model_flops_utilisation(args, strategy, images_per_second: float) -> dict:
     """The summary's MFU keys (see the module docstring); global under ddp/fsdp: sums over the ranks.
 
     FLOPs are counted on a fresh model on the meta device (no memory, no random numbers drawn, the
-    trained model untouched); every rank measures its peak (cached per process), then it is summed.
+    trained model untouched); every rank finds its peaks (cached per process), then they are summed.
     """
     from .flops import mfu, training_flops_per_image
-    from .hardware import peak_flops
+    from .hardware import achievable_flops, peak_flops
     from .models import build_model
 
     with torch.device("meta"):
         counted = build_model(args.model)
     per_image = training_flops_per_image(counted, args.batch_size)
-    peak = peak_flops(strategy.device, check_precision(args.precision, strategy.device) or torch.float32)
-    total_peak = strategy.sum(peak.flops)
-    achieved = per_image * images_per_second          # 0 when no epoch was run (resumed at the end): mfu None
-    return {"model_flops_per_image": per_image, "achieved_flops": round(achieved, 1),
-            "peak_flops": round(total_peak, 1),
-            "peak_source": peak.source + (f"; per rank, summed over {strategy.info.world_size} ranks"
-                                          if strategy.distributed else ""),
-            "mfu": round(mfu(per_image, images_per_second, total_peak), 6) if images_per_second > 0 else None,
+    dtype = check_precision(args.precision, strategy.device) or torch.float32
+    peak, achievable = peak_flops(strategy.device, dtype), achievable_flops(strategy.device, dtype)
+    total_peak, total_achievable = strategy.sum(peak.flops), strategy.sum(achievable.flops)
+    summed = f"; per rank, summed over {strategy.info.world_size} ranks" if strategy.distributed else ""
+    ran = images_per_second > 0                       # no epoch run (resumed at the end): both MFUs None
+    return {"model_flops_per_image": per_image, "achieved_flops": round(per_image * images_per_second, 1),
+            "peak_flops": round(total_peak, 1), "peak_source": peak.source + summed,
+            "mfu": round(mfu(per_image, images_per_second, total_peak), 6) if ran else None,
+            "achievable_flops": round(total_achievable, 1), "achievable_source": achievable.source + summed,
+            "mfu_achievable": round(mfu(per_image, images_per_second, total_achievable), 6) if ran else None,
             "mfu_note": "sums over ranks" if strategy.distributed else "one process"}
 
 
@@ -260,9 +265,11 @@ def main(argv=None, on_step_end=None) -> int:
     print(f"test accuracy {100 * summary['test_accuracy']:.2f}% on {summary['test_samples']:,} images after "
           f"{summary['train_seconds']:.1f} s of training ({summary['images_per_second']:,.0f} images/s)")
     if summary["mfu"] is not None:
-        print(f"MFU {100 * summary['mfu']:.1f}%: {summary['achieved_flops'] / 1e9:.2f} GFLOP/s of model FLOPs "
-              f"({summary['model_flops_per_image'] / 1e6:.2f} MFLOP per image) out of "
-              f"{summary['peak_flops'] / 1e9:,.0f} GFLOP/s ({summary['peak_source']})")
+        kind = summary["peak_source"].split(":")[0]      # "theoretical", or "measured" where none can be derived
+        print(f"MFU {100 * summary['mfu']:.2g}% of the {kind} peak ({summary['peak_flops'] / 1e9:,.0f} GFLOP/s), "
+              f"{100 * summary['mfu_achievable']:.2g}% of the achievable ({summary['achievable_flops'] / 1e9:,.0f} "
+              f"GFLOP/s, a measured matmul): {summary['achieved_flops'] / 1e9:.2f} GFLOP/s of model FLOPs "
+              f"({summary['model_flops_per_image'] / 1e6:.2f} MFLOP per image); peak: {summary['peak_source']}")
     if args.json:
         print(json.dumps(summary))
     return 0

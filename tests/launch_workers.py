@@ -54,3 +54,15 @@ def environment(rank: int, world_size: int, name: str) -> str | None:
 def loaded(rank: int, world_size: int, names: list) -> list:
     """Which of the modules `names` this worker had before it ran (forked from a server that preloaded them)."""
     return [name for name in names if name in sys.modules]
+
+
+def ddp_batchnorm_gradients(rank: int, world_size: int, batch: int = 8, seed: int = 0) -> list:
+    """torch's DDP (plain BatchNorm1d, not synced) on rank r's slice of one seeded global batch: its gradients."""
+    from torch import nn
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(20, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 5))
+    x, y = torch.randn(world_size * batch, 20), torch.randint(0, 5, (world_size * batch,))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    nn.functional.cross_entropy(ddp(x.chunk(world_size)[rank]), y.chunk(world_size)[rank]).backward()
+    return [p.grad.numpy().copy() for p in model.parameters()]      # numpy: pickled by value, not shared memory

@@ -8,10 +8,12 @@ import json
 
 from course_lib import trace
 from course_lib.data import TensorLoader
-from course_lib.distributed.ddp import ShardedTensorLoader, assign_buckets, compare_with_torch_ddp, shard_indices
+from course_lib.distributed.ddp import (ShardedTensorLoader, assign_buckets, batchnorm_breaks_equivalence,
+                                       compare_with_torch_ddp, shard_indices, split_batch_gradients)
 from course_lib.distributed.ddp_hooks import HOOKS, compare_comm_hooks, register_hook, uneven_inputs_with_join
 from course_lib.distributed.ddp_overlap import bucket_sweep, mlp, overlap_summary, overlap_timeline
 from course_lib.distributed.launch import launch
+from course_lib.models import max_diff
 
 
 @pytest.mark.slow
@@ -22,6 +24,37 @@ def test_flat_and_bucketed_match_torch_ddp(world_size):
         assert out["broadcast"] == 0.0 and out["buckets"] >= 3
         assert out["flat"] < 1e-6 and out["bucketed"] < 1e-6 and out["no_sync"] < 1e-6
         assert out["one_big_batch"] < 1e-5
+
+
+@pytest.mark.parametrize("world_size, batch, seed", [(2, 16, 0), (4, 8, 1), (3, 5, 2)])
+def test_per_rank_batchnorm_statistics_break_the_big_batch_equivalence(world_size, batch, seed):
+    gaps = batchnorm_breaks_equivalence(world_size, batch, seed)
+    assert gaps["no BatchNorm"] < 1e-6 and gaps["BatchNorm1d"] > 1e-3
+    assert batchnorm_breaks_equivalence(1, batch, seed)["BatchNorm1d"] < 1e-6      # one rank: the same batch
+
+
+@pytest.mark.timeout(120)
+def test_split_batch_gradients_is_what_torch_ddp_computes_with_batchnorm():
+    """The one-process mean over slices equals torch DDP's all-reduced gradient (BatchNorm1d, not synced)."""
+    import launch_workers
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 5))
+    x, y = torch.randn(2 * 8, 20), torch.randint(0, 5, (2 * 8,))                # as the worker draws them
+    big, averaged = split_batch_gradients(model, x, y, 2)
+    for arrays in launch(launch_workers.ddp_batchnorm_gradients, 2, 8, 0, timeout=100):
+        grads = [torch.from_numpy(a) for a in arrays]
+        assert max_diff(grads, averaged) < 1e-6 and max_diff(grads, big) > 1e-3
+
+
+def test_split_batch_gradients_refuses_bad_input():
+    model = nn.Linear(4, 3)
+    with pytest.raises(ValueError, match="world_size"):
+        split_batch_gradients(model, torch.randn(6, 4), torch.zeros(6, dtype=torch.long), 0)
+    with pytest.raises(ValueError, match="multiple of world_size"):
+        split_batch_gradients(model, torch.randn(5, 4), torch.zeros(5, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="batch"):
+        batchnorm_breaks_equivalence(2, 0)
 
 
 @pytest.mark.parametrize("n,world_size", [(10, 3), (12, 4), (5, 2), (2, 3), (7, 1)])

@@ -28,6 +28,24 @@ def test_known_layouts():
     assert float_format(torch.float32).bias == 127
 
 
+@pytest.mark.parametrize("name, fmt, largest", [
+    ("float8_e4m3fn", FloatFormat("E4M3", 4, 3, finite_only=True), 1.75 * 2**8),     # 448: S.1111.110
+    ("float8_e5m2", FloatFormat("E5M2", 5, 2), 1.75 * 2**15),                        # 57344: S.11110.11
+    ("float16", FloatFormat("FP16", 5, 10), (2 - 2**-10) * 2**15),                   # 65504
+    ("bfloat16", FloatFormat("BF16", 8, 7), (2 - 2**-7) * 2**127),
+])
+def test_largest_value_of_ieee_like_and_finite_only_formats(name, fmt, largest):
+    """E4M3fn uses the top exponent for numbers (only S.1111.111 is NaN); IEEE-like formats keep it for inf/NaN."""
+    dtype = getattr(torch, name)
+    assert fmt.max == largest == torch.finfo(dtype).max
+    top_code = 2**fmt.exponent_bits - (1 if fmt.finite_only else 2)
+    top_mantissa = 2**fmt.mantissa_bits - (2 if fmt.finite_only else 1)
+    assert compose(0, top_code, top_mantissa, dtype) == largest
+    if fmt.bits == 8:                        # the bit pattern just above the largest value, read by torch
+        above = torch.tensor([(top_code << fmt.mantissa_bits) + top_mantissa + 1], dtype=torch.uint8).view(dtype)
+        assert (torch.isnan if fmt.finite_only else torch.isinf)(above.float()).all()
+
+
 def test_bad_formats():
     with pytest.raises(ValueError, match="exponent_bits"):
         FloatFormat("x", 1, 3)

@@ -15,6 +15,7 @@ same optimizer step. Three pieces, each small enough to read:
   of backward. `no_sync()` skips the all-reduce for gradient accumulation.
 
 Both wrappers broadcast rank 0's weights at construction (identical starting points).
+What breaks the equivalence with one big batch: per-rank BatchNorm statistics (`split_batch_gradients`).
 Seeing the overlap and the bucket-size trade-off: `ddp_overlap`; torch DDP's comm hooks and Join: `ddp_hooks`.
 Worker functions for `launch` (e.g. `compare_with_torch_ddp`) live here so they pickle.
 
@@ -258,3 +259,35 @@ def compare_with_torch_ddp(rank: int, world_size: int, batch: int = 8, bucket_mb
         loss(model(xs[1]), ys[1]).backward()
     out["no_sync"] = max_diff(grads(bucketed), grads(ref))
     return out
+
+
+def split_batch_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, world_size: int):
+    """(gradients of one batch x, mean of the gradients of its `world_size` equal slices), in one process.
+
+    The mean over slices is what DDP's all-reduce gives when rank r trains on slice r. Equal to the big
+    batch's gradient for a model whose samples do not interact; not with BatchNorm in training mode,
+    which normalises each slice by its own mean and variance (torch.nn.SyncBatchNorm all-reduces the
+    statistics over the ranks, which gives back the big batch's). x: (world_size * B, ...), y: (world_size * B,).
+    """
+    positive_int("world_size", world_size)
+    if len(x) % world_size or len(x) != len(y):
+        raise ValueError(f"x and y must have the same length, a multiple of world_size={world_size}; "
+                         f"got {len(x)} and {len(y)}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss = nn.functional.cross_entropy
+    big = torch.autograd.grad(loss(model(x), y), params)
+    slices = [torch.autograd.grad(loss(model(xs), ys), params)
+              for xs, ys in zip(x.chunk(world_size), y.chunk(world_size))]
+    return list(big), [torch.stack(g).mean(0) for g in zip(*slices)]
+
+
+def batchnorm_breaks_equivalence(world_size: int = 2, batch: int = 16, seed: int = 0) -> dict:
+    """max |big-batch gradient - mean of per-rank gradients| for one MLP without and with BatchNorm1d."""
+    positive_int("batch", batch)
+    gaps = {}
+    for name, norm in (("no BatchNorm", nn.Identity), ("BatchNorm1d", nn.BatchNorm1d)):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(20, 32), norm(32), nn.ReLU(), nn.Linear(32, 5))
+        x, y = torch.randn(world_size * batch, 20), torch.randint(0, 5, (world_size * batch,))
+        gaps[name] = max_diff(*split_batch_gradients(model, x, y, world_size))
+    return gaps
