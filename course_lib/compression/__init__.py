@@ -6,6 +6,8 @@
   `pruning.masked_fit`; stored as values plus 2-bit indices.
 - `quantization`: observers, fake-quant with a straight-through estimator, PTQ and QAT; its
   quantize/dequantize/choose_qparams are lecture 02's (`course_lib.numerics`), re-exported.
+- `gptq`: GPTQ, post-training quantization beyond round-to-nearest: each weight's rounding error
+  corrected on the weights not yet rounded, with the inverse Hessian of the layer's inputs.
 - `int8`: int8 inference through PyTorch's own APIs, feature-detected.
 - `int4`: group-wise int4 weight-only quantization (scale + zero point per group of input channels,
   two codes per byte): what local LLM inference runs.
