@@ -13,6 +13,12 @@ anyway, so they are not counted. Those bytes grow with the batch and the depth; 
 Checkpointing (torch.utils.checkpoint) keeps only a block's input and recomputes the block during
 backward: about one extra forward. Selective checkpointing keeps the matmul outputs (expensive to
 recompute) and recomputes the cheap element-wise ops around them (LayerNorm, GELU).
+
+Attention written out keeps its [b, a, s, s] probabilities for backward; F.scaled_dot_product_attention's
+fused kernels (FlashAttention) keep one number per row instead and recompute the rest in backward:
+
+    activations.attention_saved(2, 4, 64, 16, impl="sdpa")      # measured: bytes, which kernel ran
+    activations.transformer_activation_bytes(2048, 1, 4096, 32, 32, attention="sdpa")   # by formula
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from .precision import saved_tensor_bytes
 from .validate import one_of, positive_int
 
 MODES = ("none", "selective", "full")
+ATTENTION = ("eager", "sdpa")
 MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
 
 
@@ -169,21 +176,109 @@ def step_seconds(seq: nn.Sequential, x: torch.Tensor, mode: str = "none", repeat
     return sorted(times[1:])[repeats // 2]
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "eager") -> torch.Tensor:
+    """softmax(q·kᵀ/√d)·v per head: q, k, v [b, a, s, d] -> [b, a, s, d].
+
+    eager: written out, so autograd keeps the probabilities [b, a, s, s] for backward.
+    sdpa:  F.scaled_dot_product_attention; its fused kernels (FlashAttention on GPUs, a flash kernel on
+           the CPU) keep the output and one log-sum-exp per row [b, a, s], and rebuild the
+           probabilities block by block in backward.
+    """
+    if one_of("impl", impl, ATTENTION) == "sdpa":
+        return nn.functional.scaled_dot_product_attention(q, k, v)
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+
+def attention_saved(batch: int, heads: int, seq_len: int, head_dim: int, impl: str = "eager",
+                    dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Measured on the CPU: what autograd keeps for backward in one `attention` call.
+
+    q, k, v [b, a, s, d] are random leaves that require grad (in a transformer: the QKV projection's
+    output). Returns {"node": the output's autograd node, which names the kernel that ran,
+    "saved": {name: bytes} per saved storage ("q", "k", "v", "output" or its shape and dtype),
+    "bytes": their sum}. Views of one storage (matmul folds b and a together) count once.
+    """
+    shape = [positive_int(n, x) for n, x in (("batch", batch), ("heads", heads), ("seq_len", seq_len),
+                                              ("head_dim", head_dim))]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*shape, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    saved = {}
+
+    def pack(t):
+        view = saved.get(t.untyped_storage().data_ptr())
+        if view is None or t.dim() > view.dim():           # keep the view with most dims, to name it
+            saved[t.untyped_storage().data_ptr()] = t
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = attention(q, k, v, impl)
+    names = {t.untyped_storage().data_ptr(): n for n, t in (("q", q), ("k", k), ("v", v), ("output", out))}
+    named = {names.get(ptr, f"{list(t.shape)} {str(t.dtype)[6:]}"): t.untyped_storage().nbytes()
+             for ptr, t in saved.items()}
+    return {"node": out.grad_fn.name(), "saved": named, "bytes": sum(named.values())}
+
+
+def attention_core_bytes(batch: int, heads: int, seq_len: int, head_dim: int, impl: str = "eager",
+                         element_size: int = 2) -> int:
+    """The formula for `attention_saved` (h = a·d; e = element_size, 2 for bf16/fp16):
+
+    eager: q, k, v and the probabilities       3·b·s·h·e + b·a·s²·e
+    sdpa:  q, k, v, the output, an fp32 log-sum-exp per row   4·b·s·h·e + 4·b·a·s
+    (sdpa: the flash kernel, what PyTorch picks here; at e = 2, eager is Korthikanti's 6sbh + 2as²b.)
+    """
+    b, a, s, d = (positive_int(n, x) for n, x in (("batch", batch), ("heads", heads), ("seq_len", seq_len),
+                                                  ("head_dim", head_dim)))
+    e = positive_int("element_size", element_size)
+    if one_of("impl", impl, ATTENTION) == "eager":
+        return 3 * b * s * a * d * e + b * a * s * s * e
+    return 4 * b * s * a * d * e + 4 * b * a * s
+
+
 def transformer_activation_bytes(seq_len: int, batch: int, hidden: int, heads: int, layers: int,
-                                 recompute: str = "none") -> float:
+                                 recompute: str = "none", attention: str = "eager",
+                                 tensor_parallel: int = 1) -> float:
     """Activations (bytes) of a GPT-style transformer, 16-bit, per micro-batch (Korthikanti et al., 2022).
 
-    Per layer, s = seq_len, b = batch, h = hidden, a = heads:
-    none:      s·b·h·(34 + 5·a·s/h)   (34sbh: inputs of the matmuls, LayerNorms, GELU, dropout masks;
-                                       5as²b: attention scores, softmax output, its dropout mask)
-    selective: 34·s·b·h               (recompute only the attention core, the 5as²b part)
-    full:      2·s·b·h                (keep each layer's input; recompute the layer in backward)
-    Times `layers`; embeddings and the output layer are left out. ZeRO does not shard these: each
-    data-parallel rank holds the activations of its own micro-batch.
+    Per layer, s = seq_len, b = batch, h = hidden, a = heads (the paper's Table 2):
+    none, eager: s·b·h·(34 + 5·a·s/h)   (34sbh: inputs of the matmuls, LayerNorms, GELU, dropout masks;
+                                         5as²b: attention probabilities, their dropout mask and output)
+    none, sdpa:  34·s·b·h + 4·a·s·b     (FlashAttention keeps no s×s tensor, only an fp32 log-sum-exp per
+                                         row; see `attention_saved`)
+    selective:   34·s·b·h               (the paper's selective recomputation: the attention core rebuilt)
+    full:        2·s·b·h                (keep each layer's input; recompute the layer in backward)
+    tensor_parallel = t > 1: t ranks split the layer with sequence parallelism, each holds 1/t of all of it
+    (the paper's sbh(34/t + 5as/(ht))). Times `layers`; embeddings and the output layer are left out.
+    ZeRO does not shard these: each data-parallel rank holds the activations of its own micro-batch.
     """
     s, b = positive_int("seq_len", seq_len), positive_int("batch", batch)
     h, a, n = positive_int("hidden", hidden), positive_int("heads", heads), positive_int("layers", layers)
+    t = positive_int("tensor_parallel", tensor_parallel)
+    if a % t:
+        raise ValueError(f"tensor_parallel must divide heads={a} (each rank takes whole heads); got {t}")
     sbh = float(s * b * h)
-    per_layer = {"none": sbh * (34 + 5 * a * s / h), "selective": 34 * sbh,
+    core = {"eager": 5 * a * s * s * b, "sdpa": 4 * a * s * b}[one_of("attention", attention, ATTENTION)]
+    per_layer = {"none": 34 * sbh + core, "selective": 34 * sbh,
                  "full": 2 * sbh}[one_of("recompute", recompute, MODES)]
-    return n * per_layer
+    return n * per_layer / t
+
+
+def plot_transformer_activations(hidden: int, heads: int, seq_lens, batch: int = 1, title: str = "", ax=None):
+    """GB of activations per layer against the sequence length, log-log: attention written out, SDPA, full
+    recomputation (no recomputation for the first two). Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4))
+    lines = {"attention written out: sbh(34 + 5as/h)": ("none", "eager"), "SDPA / FlashAttention: 34sbh + 4asb":
+             ("none", "sdpa"), "full recomputation: 2sbh": ("full", "eager")}
+    for label, (recompute, impl) in lines.items():
+        gb = [transformer_activation_bytes(s, batch, hidden, heads, 1, recompute, impl) / 1e9 for s in seq_lens]
+        ax.plot(seq_lens, gb, "o-", ms=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length s (tokens)")
+    ax.set_ylabel("activations per layer (GB)")
+    ax.set_title(title or f"h = {hidden}, a = {heads}, micro-batch {batch}, 16-bit")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax

@@ -8,7 +8,7 @@ import torch
 from course_lib import activations, bench, trace
 from course_lib.distributed import sharding
 from course_lib.distributed.launch import launch
-from course_lib.distributed.sharding_workers import measure_sharding, shard_friendly_mlp, trace_fsdp
+from course_lib.distributed.sharding_workers import fsdp_knobs, measure_sharding, shard_friendly_mlp, trace_fsdp
 
 matplotlib.use("Agg")
 
@@ -74,6 +74,10 @@ def test_zero_communication_is_ddp_volume_until_stage_3():
     (lambda: sharding.plot_zero_with_activations(100, 2, {}), "activations"),
     (lambda: sharding.shard_range(10, 4, 4), "rank"),
     (lambda: sharding.shard_range(0, 0, 4), "n"),
+    (lambda: sharding._check_reshard(3, 4), "reshard_after_forward"),
+    (lambda: sharding._check_reshard(2, 2), "reshard_after_forward"),
+    (lambda: sharding._check_reshard(1, 4), "reshard_after_forward"),
+    (lambda: sharding._check_reshard("yes", 4), "reshard_after_forward"),
 ])
 def test_bad_arguments_are_refused_by_name(call, match):
     with pytest.raises(ValueError, match=match):
@@ -180,3 +184,53 @@ def test_fsdp_trace_holds_all_gathers_and_reduce_scatters(tmp_path):
         assert all(backward.start_us <= s.start_us < backward.start_us + backward.dur_us for s in scatters[-3:])
     assert sum("all_gather" in n for n in names) >= 2 * 12 and sum("reduce_scatter" in n for n in names) >= 2 * 6
     assert {e["cat"] for e in events if e["ph"] == "X" and "all_gather" in e["name"]} == {"comm"}
+
+
+def test_reshard_after_forward_accepts_fsdp2s_values():
+    assert [sharding._check_reshard(v, 8) for v in (None, True, False, 2, 4)] == [None, True, False, 2, 4]
+
+
+@pytest.fixture(scope="module")
+def knobs():
+    """fsdp_knobs on 4 gloo ranks (4, so that reshard_after_forward=2 is allowed): 3 sharded layers."""
+    return launch(fsdp_knobs, 4, backend="gloo", timeout=240)
+
+
+def test_fsdp_knobs_change_the_collectives_not_the_result(knobs):
+    assert set(knobs[0]) == {"default (True)", "reshard_after_forward=False", "reshard_after_forward=2",
+                             "bf16 params, fp32 reduce", "prefetch=2"}
+    for r in knobs:
+        # one all-gather per layer in forward, just before the layer runs (prefetch=2: all before the first)
+        for name in r:
+            assert r[name]["forward"] == ("ag ag ag L1 L2 L3" if name == "prefetch=2" else "ag L1 ag L2 ag L3")
+        # True gathers again in backward (one layer ahead, FSDP2's implicit prefetch); False does not
+        assert r["default (True)"]["backward"] == "ag ag rs ag rs rs"
+        assert r["reshard_after_forward=False"]["backward"] == "rs rs rs"
+        assert r["default (True)"]["backward_gather_ranks"] == [4, 4, 4]
+        assert r["reshard_after_forward=2"]["backward_gather_ranks"] == [2, 2, 2]
+        # explicit prefetch of 2: every layer gathered before the first computes, in both passes
+        assert r["prefetch=2"]["backward"] == "ag ag ag rs rs rs"
+        mixed = r["bf16 params, fp32 reduce"]
+        dtypes = ("gather_dtype", "compute_dtype", "reduce_dtype", "shard_dtype")
+        assert [mixed[k] for k in dtypes] == ["bfloat16", "bfloat16", "float32", "float32"]
+        assert (r["default (True)"]["gather_dtype"], r["default (True)"]["reduce_dtype"]) == ("float32", "float32")
+        # received bytes: False skips backward's gathers (half); bf16 halves every gather
+        assert 2 * r["reshard_after_forward=False"]["received"] == r["default (True)"]["received"]
+        assert 2 * mixed["received"] == r["default (True)"]["received"]
+        received = [r[name]["received"] for name in ("reshard_after_forward=False", "reshard_after_forward=2",
+                                                     "default (True)")]
+        assert received == sorted(set(received))                 # an int gathers less than True, more than False
+        # the same weights and batch: only bf16 changes the gradients
+        for name, setting in r.items():
+            if name != "bf16 params, fp32 reduce":
+                assert setting["grad_diff"] == 0 and setting["loss"] == r["default (True)"]["loss"]
+        assert 0 < mixed["grad_diff"] < 0.1 and mixed["loss"] == pytest.approx(r["default (True)"]["loss"], abs=0.05)
+
+
+def test_fsdp_knobs_parameter_bytes_held_between_forward_and_backward(knobs):
+    full = knobs[0]["default (True)"]["full_bytes"]
+    assert full == 4 * sum(p.numel() for p in shard_friendly_mlp(64, 2).parameters())
+    held = {name: sum(rank[name]["held_after_forward"] for rank in knobs) for name in knobs[0]}
+    assert held["default (True)"] == held["prefetch=2"] == held["bf16 params, fp32 reduce"] == full   # shards only
+    assert held["reshard_after_forward=2"] == 2 * full          # each rank keeps 1/2
+    assert held["reshard_after_forward=False"] == 4 * full      # each rank keeps every layer whole

@@ -18,7 +18,8 @@ Activations come on top, per rank, whatever the stage (`activations=` bytes, see
   parameters and keeps optimizer state for that slice only; a step reduce-scatters the gradients,
   updates the slice, and all-gathers the slices back into every rank's parameters.
 - `shard_model`: FSDP2 (`torch.distributed.fsdp.fully_shard`) per layer, the way course_lib.train
-  --strategy fsdp uses it; `full_state_dicts` / `load_full_state_dicts` turn sharded weights and
+  --strategy fsdp uses it, with FSDP2's knobs (reshard_after_forward, mixed precision, prefetch);
+  `full_state_dicts` / `load_full_state_dicts` turn sharded weights and
   optimizer state into ordinary full state dicts for checkpoints, and back.
 - `optimizer_state_bytes`, `parameter_bytes`, `gradient_bytes`: what THIS rank holds (a DTensor
   counts its local shard only). The workers that measure them live in `sharding_workers`.
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..validate import int_in_range, one_of, positive_int, positive_number
+from ..validate import int_in_range, is_int, non_negative_int, one_of, positive_int, positive_number
 from .ddp import broadcast_parameters
 
 STAGES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -198,23 +199,55 @@ class ShardedOptimizer:
 
 # --- FSDP2 --------------------------------------------------------------------------------------
 
-def shard_model(model: nn.Module) -> nn.Module:
+def shard_model(model: nn.Module, reshard_after_forward: bool | int | None = None, mp_policy=None,
+                prefetch: int = 0) -> nn.Module:
     """FSDP2 in place: rank 0's weights everywhere, then `fully_shard` per child with parameters, then the root.
 
     Afterwards each parameter is a DTensor holding this rank's torch.chunk of its dim 0. One
     `fully_shard` per layer means forward all-gathers one layer at a time (and frees it after),
     so only one layer is ever whole; backward gathers it again and reduce-scatters its gradient.
+    FSDP2's knobs, each trading memory per rank against communication:
+    - reshard_after_forward: True frees a layer's gathered weights after its forward and gathers them
+      again in backward (3Ψ per step, 1.5x DDP); False keeps every layer whole from its forward to its
+      backward (2Ψ, DDP's volume, ZeRO-2's memory for the parameters); an int g keeps 1/g of each, so
+      backward gathers among g ranks only (those of one node). None: True for the layers, False for the root.
+    - mp_policy: e.g. MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) gathers
+      and computes in bf16 (half the all-gather bytes) and reduce-scatters the gradients in fp32; the
+      shards the optimizer updates stay fp32.
+    - prefetch: k > 0 makes each layer issue the all-gathers of the next k layers (in forward and in
+      backward) right after its own: they start earlier, and k more layers are whole at once. 0: FSDP2's
+      implicit prefetch (backward prefetches one layer).
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    _check_reshard(reshard_after_forward, dist.get_world_size())
+    non_negative_int("prefetch", prefetch)
+    if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
+        raise ValueError(f"mp_policy must be None or a torch.distributed.fsdp.MixedPrecisionPolicy; got {mp_policy!r}")
     broadcast_parameters(model)             # as DDP does: every rank starts from the same weights
     mesh = init_device_mesh(next(model.parameters()).device.type, (dist.get_world_size(),))
-    for child in model.children():
-        if any(True for _ in child.parameters()):
-            fully_shard(child, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    knobs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
+             "mp_policy": mp_policy or MixedPrecisionPolicy()}
+    layers = [child for child in model.children() if any(True for _ in child.parameters())]
+    for layer in layers:
+        fully_shard(layer, **knobs)
+    fully_shard(model, **knobs)
+    if prefetch:
+        for i, layer in enumerate(layers):
+            layer.set_modules_to_forward_prefetch(layers[i + 1:i + 1 + prefetch])
+            layer.set_modules_to_backward_prefetch(layers[max(i - prefetch, 0):i][::-1])
     return model
+
+
+def _check_reshard(value, world_size: int):
+    """reshard_after_forward: None, a bool, or an int g with 1 < g < N dividing N (FSDP2's rule)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if not is_int(value) or not 1 < value < world_size or world_size % value:
+        raise ValueError(f"reshard_after_forward must be None, True, False or an int g with 1 < g < {world_size} "
+                         f"dividing world_size={world_size}; got {value!r}")
+    return value
 
 
 def full_state_dicts(model: nn.Module, optimizer) -> tuple[dict, dict]:

@@ -5,10 +5,12 @@
     launch(measure_zero, 2)    # per rank: optimizer-state bytes of Adam, ZeRO-1, ours; weight differences
     launch(measure_fsdp, 2)    # per rank: parameter/gradient/state bytes and losses, FSDP2 vs DDP
     trace.merge(launch(trace_fsdp, 2)).draw()   # a few FSDP2 steps: all-gathers, reduce-scatters
+    launch(fsdp_knobs, 4, backend="gloo")       # FSDP2's knobs: each one's collectives, dtypes, bytes held
 
 Both train `shard_friendly_mlp` on each rank's own random MNIST-shaped batches (the same batches
 for every variant), so the variants must agree to rounding: sharding changes where the numbers
-live, not what they are.
+live, not what they are. `fsdp_knobs` logs each collective FSDP2 issues (a TorchDispatchMode sees
+every c10d op, the mechanism of torch's CommDebugMode) under each setting of its knobs.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import copy
 
 import torch
 from torch import nn
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import trace
 from ..env import rank_device
@@ -152,3 +156,84 @@ def _record_steps(model, optimizer, batch, steps: int, label: str) -> trace.Time
             optimizer.step()
 
     return trace.record(step, steps=steps, warmup=1, label=label)
+
+
+class _CollectiveLog(TorchDispatchMode):
+    """Logs, in order, every all-gather ("ag") and reduce-scatter ("rs") this rank issues: its token,
+    the dtype it moves, the ranks in it (output / input elements) and the bytes it receives."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind = {"c10d._allgather_base_.default": "ag", "c10d._reduce_scatter_base_.default": "rs"}.get(str(func))
+        if kind:
+            out, inp = args[0], args[1]
+            small, big = (inp, out) if kind == "ag" else (out, inp)
+            self.events.append({"token": kind, "dtype": str(inp.dtype)[6:], "ranks": big.numel() // small.numel(),
+                                "received": (big.numel() - small.numel()) * big.element_size()})
+        return func(*args, **(kwargs or {}))
+
+    def mark(self, token: str) -> None:
+        self.events.append({"token": token})
+
+
+def fsdp_knobs(rank: int, world_size: int, width: int = 64, depth: int = 2, batch: int = 8) -> dict:
+    """Worker (CPU, gloo): one forward + backward of `shard_model(shard_friendly_mlp(width, depth))` per
+    setting of FSDP2's knobs, from the same weights and batch, every collective logged.
+
+    Returns {setting: {
+      "forward", "backward": the order of all-gathers ("ag"), reduce-scatters ("rs"), layer i's forward ("L<i>");
+      "gather_dtype", "compute_dtype", "reduce_dtype", "shard_dtype" (the sharded parameters the optimizer updates);
+      "backward_gather_ranks": ranks in each backward all-gather; "received": bytes received in all-gathers;
+      "held_after_forward": this rank's parameter bytes between forward and backward; "full_bytes": the
+      whole model's (fp32); "loss"; "grad_diff": max |gradient shard - the default setting's|}}.
+    reshard_after_forward=2 needs world_size > 2 with 2 dividing it; it is left out otherwise.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    settings = {"default (True)": {}, "reshard_after_forward=False": {"reshard_after_forward": False},
+                "reshard_after_forward=2": {"reshard_after_forward": 2},
+                "bf16 params, fp32 reduce": {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                               reduce_dtype=torch.float32)},
+                "prefetch=2": {"prefetch": 2}}
+    if world_size <= 2 or world_size % 2:
+        del settings["reshard_after_forward=2"]
+    x, y = _batches(rank, 1, positive_int("batch", batch), torch.device("cpu"))[0]
+    out, reference = {}, None
+    for name, knobs in settings.items():
+        torch.manual_seed(0)
+        model = shard_model(shard_friendly_mlp(width, depth), **knobs)
+        full_bytes = sum(p.numel() * 4 for p in model.parameters())
+        log, dtypes = _CollectiveLog(), {}
+
+        def starts(i):                              # registered after FSDP's hook: runs once the layer is whole
+            def hook(layer, args):
+                log.mark(f"L{i}")
+                dtypes.setdefault("compute", layer.weight.dtype)
+            return hook
+
+        layers = [child for child in model.children() if any(True for _ in child.parameters())]
+        for i, layer in enumerate(layers, 1):
+            layer.register_forward_pre_hook(starts(i))
+        with log:
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+            held = parameter_bytes(model)
+            log.mark("|")
+            loss.backward()
+        grads = [p.grad.to_local() for p in model.parameters()]
+        reference = reference or grads
+        tokens = [e["token"] for e in log.events]
+        cut = tokens.index("|")
+        comms = [e for e in log.events if "dtype" in e]
+        out[name] = {"forward": " ".join(tokens[:cut]), "backward": " ".join(tokens[cut + 1:]),
+                     "gather_dtype": next(e["dtype"] for e in comms if e["token"] == "ag"),
+                     "reduce_dtype": next(e["dtype"] for e in comms if e["token"] == "rs"),
+                     "compute_dtype": str(dtypes["compute"])[6:],
+                     "shard_dtype": str(next(model.parameters()).dtype)[6:],
+                     "backward_gather_ranks": [e["ranks"] for e in log.events[cut + 1:] if e["token"] == "ag"],
+                     "received": sum(e["received"] for e in comms if e["token"] == "ag"),
+                     "held_after_forward": held, "full_bytes": full_bytes, "loss": loss.item(),
+                     "grad_diff": max((a - b).abs().max().item() for a, b in zip(grads, reference))}
+    return out
