@@ -13,7 +13,10 @@ output slices are exactly the row layer's input slices. One all-reduce per MLP f
 backward, and each rank stores 1/N of the weights: what ColwiseParallel/RowwiseParallel do in
 `torch.distributed.tensor.parallel`. The communication sits in four autograd functions, each the
 other's transpose: copy (fwd identity / bwd all-reduce), reduce (fwd all-reduce / bwd identity),
-split (fwd take my slice / bwd all-gather), gather (fwd all-gather / bwd take my slice).
+split (fwd take my slice / bwd all-gather), gather (fwd all-gather / bwd take my slice). Sequence
+parallelism (Korthikanti et al. 2022) splits the all-reduce in two, each the other's transpose:
+reduce-scatter (fwd reduce-scatter / bwd all-gather) and sequence gather (fwd all-gather / bwd
+reduce-scatter), over the sequence dimension; course_lib.distributed.tensor_parallel_block uses them.
 
     from course_lib.distributed.launch import launch
     from course_lib.distributed.tensor_parallel import compare_tensor_parallel
@@ -40,14 +43,24 @@ def shard_range(size: int, rank: int, world_size: int) -> slice:
     return slice(rank * n, (rank + 1) * n)
 
 
-def _all_gather_last(x: torch.Tensor) -> torch.Tensor:
+def _all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts, dim=-1)
+    return torch.cat(parts, dim=dim)
 
 
-def _my_slice(x: torch.Tensor) -> torch.Tensor:
-    return x[..., shard_range(x.shape[-1], dist.get_rank(), dist.get_world_size())].contiguous()
+def _my_slice(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    mine = shard_range(x.shape[dim], dist.get_rank(), dist.get_world_size())
+    return x.narrow(dim, mine.start, mine.stop - mine.start).contiguous()
+
+
+def _reduce_scatter(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over ranks, keep this rank's 1/N along `dim`: half an all-reduce's traffic."""
+    shard_range(x.shape[dim], 0, dist.get_world_size())           # refuses a size that does not divide
+    parts = [p.contiguous() for p in x.chunk(dist.get_world_size(), dim=dim)]
+    out = torch.empty_like(parts[0])
+    dist.reduce_scatter(out, parts)
+    return out
 
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -81,44 +94,76 @@ class _Reduce(torch.autograd.Function):
 
 
 class _Split(torch.autograd.Function):
-    """Forward: keep this rank's slice of the last dim. Backward: all-gather the slices' gradients."""
+    """Forward: keep this rank's slice of dim `dim` (default last). Backward: all-gather the slices' gradients."""
 
     @staticmethod
-    def forward(ctx, x):
-        return _my_slice(x)
+    def forward(ctx, x, dim=-1):
+        ctx.dim = dim
+        return _my_slice(x, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather_last(grad)
+        return _all_gather(grad, ctx.dim), None
 
 
 class _Gather(torch.autograd.Function):
-    """Forward: all-gather the slices along the last dim. Backward: keep this rank's slice."""
+    """Forward: all-gather the slices along `dim` (default last). Backward: keep this rank's slice
+    (whatever follows is replicated: every rank computed the same whole gradient)."""
 
     @staticmethod
-    def forward(ctx, x):
-        return _all_gather_last(x)
+    def forward(ctx, x, dim=-1):
+        ctx.dim = dim
+        return _all_gather(x, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return _my_slice(grad)
+        return _my_slice(grad, ctx.dim), None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    """Forward: add the ranks' partial sums, keep my slice of `dim`. Backward: all-gather the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.dim = dim
+        return _reduce_scatter(x, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, ctx.dim), None
+
+
+class _GatherForParallel(torch.autograd.Function):
+    """Forward: all-gather along `dim`. Backward: reduce-scatter, because what follows is column-parallel and
+    each rank's gradient is a partial sum (sequence parallelism's replacement for _Copy)."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.dim = dim
+        return _all_gather(x, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, ctx.dim), None
 
 
 class ColumnParallelLinear(nn.Module):
     """This rank's output-feature slice of `full` (weight [out/N, in]); x [.., in] -> y [.., out/N or out].
 
     gather_output=True all-gathers y to [.., out]; False leaves the slice for a RowParallelLinear.
+    copy_input=False: the caller already entered the parallel region (one _Copy for attention's q, k and v
+    together, or a sequence-parallel all-gather), so backward does not all-reduce dL/dx once per layer.
     """
 
-    def __init__(self, full: nn.Linear, gather_output: bool = True):
+    def __init__(self, full: nn.Linear, gather_output: bool = True, copy_input: bool = True):
         super().__init__()
         rows = shard_range(full.out_features, dist.get_rank(), dist.get_world_size())
         self.weight = nn.Parameter(full.weight.detach()[rows].clone())
         self.bias = nn.Parameter(full.bias.detach()[rows].clone()) if full.bias is not None else None
-        self.gather_output = gather_output
+        self.gather_output, self.copy_input = gather_output, copy_input
 
     def forward(self, x):
-        y = F.linear(_Copy.apply(x), self.weight, self.bias)
+        y = F.linear(_Copy.apply(x) if self.copy_input else x, self.weight, self.bias)
         return _Gather.apply(y) if self.gather_output else y
 
 
@@ -127,18 +172,21 @@ class RowParallelLinear(nn.Module):
 
     input_is_sharded=True takes x [.., in/N] (a ColumnParallelLinear's output); False takes the whole
     x [.., in] and keeps this rank's slice. The bias is added once, after the all-reduce.
+    sequence_parallel=True reduce-scatters over dim 1 instead (x [B,S,in/N] -> y [B,S/N,out]): the same sum,
+    each rank keeping 1/N of the tokens.
     """
 
-    def __init__(self, full: nn.Linear, input_is_sharded: bool = True):
+    def __init__(self, full: nn.Linear, input_is_sharded: bool = True, sequence_parallel: bool = False):
         super().__init__()
         cols = shard_range(full.in_features, dist.get_rank(), dist.get_world_size())
         self.weight = nn.Parameter(full.weight.detach()[:, cols].clone())
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
-        self.input_is_sharded = input_is_sharded
+        self.input_is_sharded, self.sequence_parallel = input_is_sharded, sequence_parallel
 
     def forward(self, x):
         x = x if self.input_is_sharded else _Split.apply(x)
-        y = _Reduce.apply(F.linear(x, self.weight))
+        partial = F.linear(x, self.weight)
+        y = _ReduceScatter.apply(partial, 1) if self.sequence_parallel else _Reduce.apply(partial)
         return y + self.bias if self.bias is not None else y
 
 
