@@ -67,6 +67,12 @@ def set_rng_state(state, device) -> None:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
+def optimizer_keyed_by_name(optimizer_state: dict) -> bool:
+    """True for an optimizer state dict keyed by parameter name (FSDP's full state dicts), not by index."""
+    params = optimizer_state["param_groups"][0]["params"]
+    return bool(params) and isinstance(params[0], str)
+
+
 class Checkpointer:
     """DIR/last.pt of a training run: model, optimizer, scheduler, loss scaler, every rank's RNG, position.
 
@@ -78,7 +84,8 @@ class Checkpointer:
     file atomically, then all ranks wait for it. A run resumed from it, also mid-epoch (`every`
     optimizer steps), ends with the weights of the uninterrupted run: each rank gets its own RNG
     state back and the batches already trained in the epoch are skipped.
-    `strategy` is a `course_lib.strategy` object (rank, gather, barrier, state dicts).
+    `strategy` is a `course_lib.strategy` object (rank, gather, barrier, state dicts, how it keys
+    optimizer state).
     """
 
     def __init__(self, directory, strategy, model_name: str, model, optimizer, scheduler, scaler,
@@ -101,6 +108,7 @@ class Checkpointer:
             save_checkpoint(self.path, {
                 "model_name": self.model_name, "epoch": epoch, "batches_done": batches_done,
                 "step": epoch * self.steps_per_epoch + batches_done, "world_size": self.strategy.info.world_size,
+                "strategy": self.strategy.name,
                 "model": model_state, "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "rng": rng, "rng_per_rank": rngs})
@@ -118,18 +126,18 @@ class Checkpointer:
 
     def restore(self, device="cpu") -> tuple[int, int]:
         """Load last.pt if it exists: (epoch to start at, batches of it to skip); (0, 0) if there is none."""
-        from .strategy import is_fsdp_state
-
         if not self.path.is_file():
             return 0, 0
         state = load_checkpoint(self.path, map_location=device)
         if state["model_name"] != self.model_name:
             raise SystemExit(f"{self.path} holds a {state['model_name']!r} model, not --model {self.model_name!r}")
-        by_name, fsdp = is_fsdp_state(state["optimizer"]), self.strategy.name == "fsdp"
-        if by_name != fsdp:
+        by_name = optimizer_keyed_by_name(state["optimizer"])
+        if by_name != self.strategy.keys_optimizer_by_name:
+            # the strategy that keys by name: the writer (files without its name: fsdp, then the only one) or this one
+            named = state.get("strategy", "fsdp") if by_name else self.strategy.name
             word = "with" if by_name else "without"
-            raise SystemExit(f"{self.path} was written {word} --strategy fsdp; resume it {word} fsdp "
-                             "(fsdp keys optimizer state by parameter name)")
+            raise SystemExit(f"{self.path} was written {word} --strategy {named}; resume it {word} {named} "
+                             f"({named} keys optimizer state by parameter name)")
         self.strategy.load_state_dicts(self.model, self.optimizer, state["model"], state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):

@@ -113,12 +113,14 @@ def code_lines(source: str) -> list[str]:
 # replaces them in Lightning. Lines are counted in those objects as they are now.
 ENGINEERING_JOBS = [
     ("process group, backend, one device per rank",
-     ["course_lib.strategy:setup_strategy", "course_lib.strategy:_join_process_group"],
+     ["course_lib.strategy:setup_strategy", "course_lib.strategy:Strategy.start",
+      "course_lib.strategy:_join_process_group"],
      '`Trainer(accelerator=..., devices=N, strategy="ddp")`'),
     ("wrap the model in DDP; gather, sum and wait across ranks",
-     ["course_lib.strategy:DDP"], "the strategy does it"),
+     ["course_lib.strategy:DDP", "course_lib.strategy:Strategy.gather", "course_lib.strategy:Strategy.barrier",
+      "course_lib.strategy:Strategy.sum", "course_lib.strategy:Strategy.close"], "the strategy does it"),
     ("shard the data per rank; reshuffle each epoch",
-     ["course_lib.distributed.ddp:shard_indices", "course_lib.distributed.ddp:ShardedTensorLoader",
+     ["course_lib.rank_data:shard_indices", "course_lib.rank_data:ShardedTensorLoader",
       "course_lib.train:_loaders"], "a `DistributedSampler` injected, `set_epoch` called"),
     ("device placement", ["course_lib.loop:_to", "course_lib.env:get_device"],
      "`accelerator=` moves the model and the batches"),

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from . import loop, trace
 from .models import Net
-from .seed import SeedNet
+from .tutorial import SeedNet
 from .validate import non_negative_int, positive_int
 
 PHASES = ("data", "forward", "backward", "optimizer")

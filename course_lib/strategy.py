@@ -5,11 +5,16 @@
     train_model = strategy.wrap(model)                       # ddp: DistributedDataParallel
     model_state, optimizer_state = strategy.state_dicts(model, optimizer)
 
-`Single` is one process. `DDP` is one process per rank under torchrun: every rank holds the whole
-model and DistributedDataParallel averages the gradients. `FSDP` (FSDP2, `fully_shard` per layer)
-keeps 1/N of the parameters, gradients and optimizer state on each rank; its checkpoints hold
-full state dicts gathered to rank 0, so they load into an unsharded model, and its optimizer
-state is keyed by parameter name (`is_fsdp_state` tells such a checkpoint apart).
+`Strategy` is what every strategy shares: this rank's place in the job (`info`: rank, world size;
+`device`), the process-group setup (`start`) and the collectives the script and the checkpoints
+use (gather, barrier, sum), with hooks that do nothing by default. Its subclasses, siblings,
+override what differs: `Single` is one process (no process group; collectives are local). `DDP`
+wraps the model in DistributedDataParallel: every rank holds the whole model, gradients are
+averaged. `FSDP` (FSDP2, `fully_shard` per layer) shards the model before the optimizer sees it,
+so each rank keeps 1/N of the parameters, gradients and optimizer state; its checkpoints hold full
+state dicts gathered to rank 0 (they load into an unsharded model), with the optimizer state keyed
+by parameter name. A new way to parallelise is one more subclass, listed in STRATEGIES; the script
+and the checkpoints ask it what they need (its attributes), never its name.
 """
 from __future__ import annotations
 
@@ -23,17 +28,31 @@ from torch import nn
 
 from .env import DistInfo, get_device
 
-STRATEGIES = ("single", "ddp", "fsdp")
 
+class Strategy:
+    """One process per rank in a process group (gloo on CPU, nccl on cuda:LOCAL_RANK); hooks that change nothing."""
 
-class Single:
-    """One process, one device: everything is local."""
-
-    name = "single"
-    distributed = False
+    name = ""                        # the --strategy value
+    distributed = True               # several processes: rank 0 downloads, logs and writes checkpoints
+    shards_parameters = False        # each rank holds a slice of every parameter (no channels_last then)
+    keys_optimizer_by_name = False   # its optimizer state dicts key the state by parameter name, not index
 
     def __init__(self, info: DistInfo, device: torch.device):
         self.info, self.device = info, device
+
+    @classmethod
+    def start(cls, device: str, info: DistInfo) -> "Strategy":
+        """Join the process group on this rank's device; SystemExit with the fix when the launch does not fit."""
+        if "MASTER_ADDR" not in os.environ:
+            raise SystemExit(f"--strategy {cls.name} needs a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR, e.g.\n"
+                             f"  torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy {cls.name}")
+        dev = _rank_device(device, info)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        elif dev.type != "cpu":
+            raise SystemExit(f"--strategy {cls.name} runs on CPU (gloo) or CUDA (nccl), not {dev.type}")
+        _join_process_group(info, dev)
+        return cls(info, dev)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Change the model in place before the optimizer sees its parameters (fsdp shards it)."""
@@ -48,65 +67,80 @@ class Single:
         return model.state_dict(), optimizer.state_dict()
 
     def load_state_dicts(self, model: nn.Module, optimizer, model_state: dict, optimizer_state: dict) -> None:
+        """Inverse of `state_dicts`, on every rank."""
         model.load_state_dict(model_state)
         optimizer.load_state_dict(optimizer_state)
 
     def gather(self, obj) -> list:
         """`obj` from every rank, in rank order."""
-        return [obj]
+        out = [None] * self.info.world_size
+        dist.all_gather_object(out, obj)
+        return out
 
     def barrier(self) -> None:
-        """Wait for every rank (nothing to wait for in one process)."""
+        """Wait for every rank."""
+        dist.barrier()
 
     def sum(self, value: float) -> float:
         """The sum of `value` over the ranks."""
-        return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.item()
 
     def close(self) -> None:
-        """Leave the process group, if one was joined."""
+        """Leave the process group."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
-class DDP(Single):
-    """One process per rank; torch's DistributedDataParallel averages gradients in buckets."""
+class Single(Strategy):
+    """One process, one device: no process group; every collective is local."""
+
+    name = "single"
+    distributed = False
+
+    @classmethod
+    def start(cls, device, info):
+        if info.world_size > 1:
+            raise SystemExit(f"WORLD_SIZE={info.world_size} but --strategy single: every rank would train its own "
+                             "model on all the data. Use --strategy ddp, or run one process without torchrun.")
+        return cls(info, get_device(device))
+
+    def gather(self, obj):
+        return [obj]
+
+    def barrier(self):
+        pass
+
+    def sum(self, value):
+        return value
+
+    def close(self):
+        pass
+
+
+class DDP(Strategy):
+    """Every rank holds the whole model; torch's DistributedDataParallel averages gradients in buckets."""
 
     name = "ddp"
-    distributed = True
 
     def wrap(self, model):
         ids = [self.device.index] if self.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
-    def gather(self, obj):
-        out = [None] * self.info.world_size
-        dist.all_gather_object(out, obj)
-        return out
 
-    def barrier(self):
-        dist.barrier()
-
-    def sum(self, value):
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return t.item()
-
-    def close(self):
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-class FSDP(DDP):
+class FSDP(Strategy):
     """FSDP2: each rank keeps 1/N of the parameters, gradients and optimizer state."""
 
     name = "fsdp"
+    shards_parameters = True
+    keys_optimizer_by_name = True    # full optimizer state dicts (get_optimizer_state_dict) are keyed by name
 
     def prepare(self, model):
         from .distributed.sharding import shard_model
 
-        shard_model(model)    # rank 0's weights, then fully_shard per layer
+        shard_model(model)    # rank 0's weights, then fully_shard per layer: fully_shard changes the model itself
         return model
-
-    def wrap(self, model):
-        return model          # fully_shard changed the model itself
 
     def state_dicts(self, model, optimizer):
         from .distributed.sharding import full_state_dicts
@@ -119,10 +153,8 @@ class FSDP(DDP):
         load_full_state_dicts(model, optimizer, model_state, optimizer_state)
 
 
-def is_fsdp_state(optimizer_state: dict) -> bool:
-    """True for an optimizer state dict written by FSDP (keyed by parameter name, not by index)."""
-    params = optimizer_state["param_groups"][0]["params"]
-    return bool(params) and isinstance(params[0], str)
+STRATEGY_CLASSES = {cls.name: cls for cls in (Single, DDP, FSDP)}
+STRATEGIES = tuple(STRATEGY_CLASSES)     # the --strategy choices
 
 
 def _join_process_group(info: DistInfo, device: torch.device) -> None:
@@ -159,25 +191,11 @@ def _rank_device(device: str, info: DistInfo) -> torch.device:
                      f"per rank. Use --nproc_per_node {gpus} or --device cpu (gloo).")
 
 
-def setup_strategy(name: str, device: str, info: DistInfo) -> Single:
+def setup_strategy(name: str, device: str, info: DistInfo) -> Strategy:
     """The strategy `name` (one of STRATEGIES) on `device`; ddp and fsdp join the process group.
 
     Raises SystemExit with the fix when the launch does not fit the strategy.
     """
     if name not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {name!r}")
-    if name == "single":
-        if info.world_size > 1:
-            raise SystemExit(f"WORLD_SIZE={info.world_size} but --strategy single: every rank would train its own "
-                             "model on all the data. Use --strategy ddp, or run one process without torchrun.")
-        return Single(info, get_device(device))
-    if "MASTER_ADDR" not in os.environ:
-        raise SystemExit(f"--strategy {name} needs a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR, e.g.\n"
-                         f"  torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy {name}")
-    dev = _rank_device(device, info)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    elif dev.type != "cpu":
-        raise SystemExit(f"--strategy {name} runs on CPU (gloo) or CUDA (nccl), not {dev.type}")
-    _join_process_group(info, dev)
-    return (DDP if name == "ddp" else FSDP)(info, dev)
+    return STRATEGY_CLASSES[name].start(device, info)

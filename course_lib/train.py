@@ -30,8 +30,9 @@ of the CPU).
 
 --strategy ddp (under torchrun): gloo on CPU, nccl on cuda:LOCAL_RANK; torch's
 DistributedDataParallel; each rank trains on its own shard of the data each epoch
-(`distributed.ddp.ShardedTensorLoader`, DistributedSampler's order); rank 0 downloads the data
-first, then the others load it; rank 0 alone logs and writes checkpoints, behind a barrier.
+(`rank_data.ShardedTensorLoader` with the strategy's rank and world size, DistributedSampler's
+order; one process is world size 1); rank 0 downloads the data first, then the others load it;
+rank 0 alone logs and writes checkpoints, behind a barrier.
 
 --strategy fsdp (under torchrun): the same launch and data, but the model is sharded with FSDP2
 (`distributed.sharding.shard_model`: rank 0's weights, then `fully_shard` per layer): each rank
@@ -111,13 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_memory_format(name: str, model: nn.Module, strategy: str = "single") -> torch.memory_format:
-    """torch.channels_last or torch.contiguous_format for --memory-format `name` (see its help)."""
+def resolve_memory_format(name: str, model: nn.Module, shards_parameters: bool = False) -> torch.memory_format:
+    """torch.channels_last or torch.contiguous_format for --memory-format `name` (see its help).
+
+    shards_parameters: the strategy's (fsdp: each rank holds flat rows of every parameter), so auto
+    keeps them contiguous.
+    """
     if name not in MEMORY_FORMATS:
         raise ValueError(f"memory_format must be one of {MEMORY_FORMATS}; got {name!r}")
     if name == "auto":
         has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
-        name = "channels_last" if has_conv and strategy != "fsdp" else "contiguous"
+        name = "channels_last" if has_conv and not shards_parameters else "contiguous"
     return torch.channels_last if name == "channels_last" else torch.contiguous_format
 
 
@@ -143,9 +148,9 @@ def run(args: argparse.Namespace, on_step_end=None) -> dict:
 
 
 def _loaders(args, strategy):
-    """(train loader, test loader): under ddp/fsdp each rank gets its own shard of the training set."""
+    """(train loader, test loader): each rank gets its own shard of the training set (one process: all of it)."""
     from .data import load_tensors, mnist_loaders
-    from .distributed.ddp import ShardedTensorLoader
+    from .rank_data import ShardedTensorLoader
 
     info = strategy.info
     if strategy.distributed:
@@ -157,9 +162,8 @@ def _loaders(args, strategy):
     if args.train_subset and train_loader.dataset_size < args.train_subset:
         raise ValueError(f"--train-subset {args.train_subset:,} is more than the training set holds "
                          f"({train_loader.dataset_size:,} images); pass at most {train_loader.dataset_size:,}")
-    if strategy.distributed:
-        train_loader = ShardedTensorLoader(*train_loader.tensors, batch_size=args.batch_size, rank=info.rank,
-                                           world_size=info.world_size, seed=args.seed)
+    train_loader = ShardedTensorLoader(*train_loader.tensors, batch_size=args.batch_size, rank=info.rank,
+                                       world_size=info.world_size, seed=args.seed)   # world size 1: TensorLoader's order
     return train_loader, test_loader
 
 
@@ -176,7 +180,7 @@ def _train(args, strategy, on_step_end=None) -> dict:
     seed_everything(args.seed, info.rank)   # per-rank dropout; weights still equal: DDP broadcasts rank 0's
     train_loader, test_loader = _loaders(args, strategy)
     model = build_model(args.model).to(device)
-    memory_format = resolve_memory_format(args.memory_format, model, args.strategy)
+    memory_format = resolve_memory_format(args.memory_format, model, strategy.shards_parameters)
     model = strategy.prepare(model.to(memory_format=memory_format))   # fsdp shards before the optimizer
     optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr)
     scheduler = one_cycle(optimizer, args.lr, args.epochs, len(train_loader))

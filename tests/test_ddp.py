@@ -8,12 +8,13 @@ import json
 
 from course_lib import trace
 from course_lib.data import TensorLoader
-from course_lib.distributed.ddp import (ShardedTensorLoader, assign_buckets, batchnorm_breaks_equivalence,
-                                       compare_with_torch_ddp, shard_indices, split_batch_gradients)
+from course_lib.distributed.ddp import (assign_buckets, batchnorm_breaks_equivalence, compare_with_torch_ddp,
+                                       split_batch_gradients)
 from course_lib.distributed.ddp_hooks import HOOKS, compare_comm_hooks, register_hook, uneven_inputs_with_join
 from course_lib.distributed.ddp_overlap import bucket_sweep, mlp, overlap_summary, overlap_timeline
 from course_lib.distributed.launch import launch
 from course_lib.models import max_diff
+from course_lib.rank_data import ShardedTensorLoader, shard_indices
 
 
 @pytest.mark.slow
@@ -84,6 +85,19 @@ def test_sharded_loader_batches_add_up_to_tensorloader_batches():
         for (x0, _), (x1, _), (xw, _) in zip(*ranks, whole):
             assert sorted(torch.cat([x0, x1]).flatten().tolist()) == sorted(xw.flatten().tolist())
     assert len(ranks[0]) == 8 and ranks[0].dataset_size == 64 and ranks[0].num_samples == 32
+
+
+@pytest.mark.parametrize("n,batch_size", [(64, 8), (70, 16)])
+def test_one_rank_loader_is_tensorloader_batch_for_batch(n, batch_size):
+    """The training script feeds every strategy through ShardedTensorLoader: one process must see TensorLoader's batches."""
+    x, y = torch.arange(float(n)).view(n, 1), torch.arange(n)
+    one, whole = ShardedTensorLoader(x, y, batch_size=batch_size, seed=7), TensorLoader(x, y, batch_size=batch_size, seed=7)
+    assert len(one) == len(whole)
+    for _ in range(3):                       # each iteration is the next epoch in both
+        for (xa, ya), (xb, yb) in zip(one, whole, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    other = ShardedTensorLoader(x, y, batch_size=batch_size, seed=8)
+    assert not torch.equal(next(iter(other))[1], next(iter(ShardedTensorLoader(x, y, batch_size=batch_size, seed=7)))[1])
 
 
 def test_assign_buckets_reverse_order_and_size():

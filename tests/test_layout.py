@@ -6,6 +6,7 @@ harnesses), `checks/` (the exercise check functions), `bench/` (benchmarks) and 
 entry points `course_lib.grade` and `course_lib.exercises`.
 """
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,20 @@ def test_no_import_cycle_in_course_lib():
     for node in sorted(graph):
         if node not in state:
             visit(node)
+
+
+# A package's docstring is its map: one line per module, "- `name`: what for" or "name.py  what for".
+MAPPED_PACKAGES = ("course_lib.distributed", "course_lib.grading")
+MAP_ENTRY = re.compile(r"^\s*(?:- `(\w+)`:|(\w+)\.py\s)", re.MULTILINE)
+
+
+@pytest.mark.parametrize("package", MAPPED_PACKAGES)
+def test_the_package_map_lists_every_module_of_the_package(package):
+    doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+    listed = {a or b for a, b in MAP_ENTRY.findall(doc)}
+    modules = {name.rpartition(".")[2] for name in MODULES if name.rpartition(".")[0] == package}
+    assert not modules - listed, f"{package}'s docstring does not list {sorted(modules - listed)}: add a line each"
+    assert not listed - modules, f"{package}'s docstring lists {sorted(listed - modules)}, which are not its modules"
 
 
 BLOCKER = """

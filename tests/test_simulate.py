@@ -145,13 +145,35 @@ def test_cli_replays_a_cached_recording(ddp_recording, tmp_path, capsys):
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
 
 
+def test_cli_model_gpt2_records_gpt2_by_shape_whatever_the_strategy(monkeypatch, capsys):
+    """--model gpt2 picks the recording (GPT-2 small by shape; a toy here), --strategy how it is replayed."""
+    from course_lib.simulate import __main__ as cli
+
+    asked = []
+    monkeypatch.setattr(cli, "record_by_shape", lambda shape, batch: asked.append((shape, batch)) or toy_recording(1))
+    out = main(["--model", "gpt2", "--world", "8", "--profile", "h100_node"])
+    assert asked == [(cli.GPT2_SMALL, 8)] and out["recording"] == "toy" and out["world"] == 8
+    assert main(["--model", "gpt2", "--strategy", "single", "--world", "1"])["world"] == 1
+    for argv in (["--strategy", "gpt2"], ["--model", "gpt2", "--strategy", "fsdp"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    assert "--model gpt2" in capsys.readouterr().err and len(asked) == 2
+
+
 def test_bad_arguments_name_the_allowed_values():
     with pytest.raises(ValueError, match="h100_node"):
         get_profile("h300_node")
     with pytest.raises(ValueError, match="ddp"):
         check_strategy("pipeline", 8)
-    with pytest.raises(ValueError, match="gpt2"):
+    with pytest.raises(ValueError, match=r"\('ddp', 'fsdp', 'single'\).*got 'zero3'"):
         check_strategy("zero3", 8)
+    with pytest.raises(ValueError, match="gpt2 is a model: --model gpt2"):
+        check_strategy("gpt2", 8)
+    with pytest.raises(ValueError, match=r"model must be one of \('course', 'gpt2'\); got 'vit'"):
+        check_strategy("ddp", 8, model="vit")
+    with pytest.raises(ValueError, match="strategy must be 'ddp'.*or 'single'; got 'fsdp'"):
+        check_strategy("fsdp", 8, model="gpt2")
+    check_strategy("ddp", 64, model="gpt2")
     with pytest.raises(ValueError, match="world must be 1"):
         check_strategy("single", 8)
     with pytest.raises(ValueError, match="hierarchical"):

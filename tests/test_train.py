@@ -119,7 +119,7 @@ def test_memory_format_auto_picks_channels_last_for_conv_models_only():
     net, mlp = build_model("net"), build_model("lenet300")
     assert train.resolve_memory_format("auto", net) is torch.channels_last
     assert train.resolve_memory_format("auto", mlp) is torch.contiguous_format
-    assert train.resolve_memory_format("auto", net, strategy="fsdp") is torch.contiguous_format
+    assert train.resolve_memory_format("auto", net, shards_parameters=True) is torch.contiguous_format
     assert train.resolve_memory_format("contiguous", net) is torch.contiguous_format
     with pytest.raises(ValueError, match="memory_format must be one of"):
         train.resolve_memory_format("nhwc", net)

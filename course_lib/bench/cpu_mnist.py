@@ -12,7 +12,7 @@ import torch
 
 from .. import train
 from ..data import data_label, train_split_size
-from ..seed import seed_train
+from ..tutorial import seed_train
 from .result import BenchResult
 
 

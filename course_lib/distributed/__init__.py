@@ -11,13 +11,22 @@
 - `data_parallel`: nn.DataParallel's single-process sequence, simulated; why the master is a bottleneck.
 - `dp_report`: what that sequence costs: traffic against K, its timeline, DP vs DDP vs model parallel.
 - `ddp`: distributed data parallel from scratch (flat, bucketed), checked against torch's DDP.
+- `ddp_overlap`: DDP's overlap seen: a timeline of a few 2-rank steps, and a sweep over bucket sizes.
+- `ddp_hooks`: torch DDP beyond the defaults: gradient-compressing comm hooks, Join for uneven inputs.
 - `multinode`: multi-node training with torchrun, run for real as N "nodes" on localhost.
 - `faults`: kill a rank on purpose, to watch a job survive it.
+- `hang`: a hang found, not guessed: one rank skips a collective, a timeout ends it, the Flight Recorder says who.
+- `sharded_checkpoint`: checkpoints at scale: every rank writes its own shard (torch.distributed.checkpoint).
 - `schedules`: pipeline schedules as data (GPipe, 1F1B), their bubble and memory.
 - `pipeline`: model and pipeline parallelism: a model cut into stages, send/recv between them.
 - `schedules_zb`: schedules that shrink the bubble (interleaved 1F1B, ZB-H1, ZB-V) as per-rank actions.
 - `pipeline_torch`: torch.distributed.pipelining's interleaved and zero-bubble schedules, read and run.
+- `pipeline_trace`: a measured pipeline timeline (a few steps under the profiler) next to its schedule.
 - `tensor_parallel`: column- and row-parallel Linear layers (Megatron-LM style).
+- `tensor_parallel_block`: tensor and sequence parallelism for a transformer block (`course_lib.vit.Block`).
+- `spmd`: one program on a 2-D device mesh: data parallel over "dp", tensor parallel over "tp".
+- `context_parallel`: context parallelism: ring attention over a sequence split across the ranks.
+- `moe`: mixture of experts, and expert parallelism: tokens travel to their experts by all-to-all.
 - `sharding`: ZeRO's memory arithmetic, a hand-sharded optimizer, FSDP2 helpers.
 - `sharding_workers`: workers that measure sharded training against DDP.
 

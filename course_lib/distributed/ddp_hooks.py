@@ -22,8 +22,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 from ..data import load_tensors
 from ..models import Net
+from ..rank_data import ShardedTensorLoader
 from ..validate import positive_int
-from .ddp import ShardedTensorLoader
 from .ddp_overlap import count_all_reduce
 
 HOOKS = ("fp32 all-reduce", "fp16 compression", "PowerSGD rank 1")

@@ -1,13 +1,19 @@
 """Everything that grades, sandboxes or generates exercises; not part of any technique.
 
-    grade.py              python -m course_lib.grade: score a submitted notebook against its source
+    cli.py                python -m course_lib.grade: one notebook, or a folder of them (a class)
+    grade.py              score a submitted notebook against its source
+    validate_notebook.py  check a notebook's JSON has the shape the grader relies on, before anything reads it
+    classroom.py          grade a whole class in one command: parallel, resumable
+    gradebook.py          what a class's grading leaves: gradebook, feedback per student, Gradescope results
     remote.py             the grader's side of the sandbox: start it, run cells, call answers as proxies
     answers.py            the sandbox's side: run the student's cells, answer calls with plain data
     wire.py               what crosses between them: pickle in, plain data (weights_only) out
     jail.py               run a command in Linux namespaces: read-only files, private /tmp, own PIDs, nobody
+    limits.py             resource limits (memory, CPU time, processes) for the processes of one submission
     environment.py        the allow-list of the grader's environment that student processes start from
     exercises.py          python -m course_lib.exercises: the student notebooks from solutions/
     student.py            run a function written in a notebook cell on N ranks (launch_student)
+    variants.py           per-student variants of the practica: parameters drawn from the student's id
     make_it_small.py      practicum "Make it small": the given model, measure, remeasure
     sandbox.py            the guarded child processes that run a make-it-small answer
     scale_out.py          practicum "Scale it out": the given single-process script (python -m)

@@ -16,7 +16,8 @@
 - `pipeline_clock`: the loop under it: any schedule's per-rank F/B/I/W actions replayed with given times
   (interleaved 1F1B and zero bubble in lecture 09), checked and drawn.
 - `shapes`: GPT-2 small recorded by shape on the meta device (no weights, no arithmetic).
-Command line: `python -m course_lib.simulate --strategy ddp --world 64 --profile h100_node`.
+Command line: `python -m course_lib.simulate --strategy ddp --world 64 --profile h100_node` (`--model gpt2`:
+GPT-2 small by shape instead of the course's own step).
 """
 from .pipeline import RecordedPipeline, compare_measured, record_stages, replay_pipeline
 from .profiles import PROFILES, Link, Profile, calibrate, cpu_this_machine, get_profile

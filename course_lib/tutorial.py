@@ -1,10 +1,12 @@
-"""The course's starting point: the seed's original MNIST code, kept as a teaching artifact.
+"""The course's starting point: the PyTorch tutorial's MNIST code, kept as a teaching artifact.
 
-This is the "before" picture that notebook 01 runs, measures and then fixes. It is kept as the
-seed wrote it (the classic PyTorch tutorial loop), with only what the course needs added around
-it: a `root` for the data, an optional training subset, and a returned History so the three checks
-(no crash, loss falls, validation accuracy rises) can be asserted. `seed_train` stays one long
-function on purpose: notebook 01 displays it whole as the tutorial loop the course starts from.
+The course was seeded with this code, hence `SeedNet` and `seed_train` ("seed": the starting code,
+not random seeding, which is `course_lib.env.seed_everything`). It is the "before" picture that
+notebook 01 runs, measures and then fixes, kept as the seed wrote it (the classic PyTorch tutorial
+loop), with only what the course needs added around it: a `root` for the data, an optional training
+subset, and a returned History so the three checks (no crash, loss falls, validation accuracy
+rises) can be asserted. `seed_train` stays one long function on purpose: notebook 01 displays it
+whole as the tutorial loop the course starts from.
 What is wrong with it:
 
 1. `F.log_softmax(x)` without `dim`: PyTorch guesses the dimension (and warns). For the 2-D

@@ -5,7 +5,7 @@ import torch
 
 from conftest import needs_mnist
 from course_lib.models import Net, count_parameters
-from course_lib.seed import SeedNet, seed_train
+from course_lib.tutorial import SeedNet, seed_train
 
 
 def test_seednet_matches_net_and_outputs_log_probabilities():
