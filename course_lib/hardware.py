@@ -310,7 +310,8 @@ def ddr_bandwidth_gbs(channels: int, mega_transfers: int) -> float:
 
 # Per chip (a GPU package, one TPU chip, one CPU socket). Dense = without 2:4 sparsity; vendors
 # often print the sparse figure, twice as large. B200's package has 192 GB of HBM3e of which NVIDIA
-# exposes 180 GB; GB200 figures are the GB200 NVL72 rack's divided by its 72 GPUs.
+# exposes 180 GB; GB200 figures are the GB200 NVL72 rack's divided by its 72 GPUs. FP8 is OCP
+# E4M3/E5M2 except on MI300X (CDNA3): FNUZ, E4M3 max 240 (course_lib.fp8.HARDWARE).
 CHIPS = (
     Chip("NVIDIA H100 SXM", "GPU", 80, 3350, 989, 1979, "NVIDIA H100 Tensor Core GPU datasheet (2023)"),
     Chip("NVIDIA H200 SXM", "GPU", 141, 4800, 989, 1979, "NVIDIA H200 Tensor Core GPU datasheet (2024)"),
@@ -318,6 +319,7 @@ CHIPS = (
          fp4_tflops=9000),
     Chip("NVIDIA GB200 (per GPU)", "GPU", 186, 8000, 2500, 5000, "NVIDIA GB200 NVL72 datasheet (2024), / 72",
          fp4_tflops=10000),
+    Chip("NVIDIA L40S (Ada)", "GPU", 48, 864, 362, 733, "NVIDIA L40S datasheet (2023)"),
     Chip("AMD Instinct MI300X", "GPU", 192, 5300, 1307, 2615, "AMD Instinct MI300X data sheet (2023)"),
     Chip("AMD Instinct MI355X", "GPU", 288, 8000, 2500, 5000, "AMD Instinct MI355X data sheet (2025)",
          fp4_tflops=10000),

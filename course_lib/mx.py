@@ -101,8 +101,14 @@ def fake_quant(x: torch.Tensor, fmt: str = "mxfp8", pad: bool = False) -> torch.
     return y[..., :k].to(x.dtype)
 
 
-def fake_quant_activation(x: torch.Tensor, fmt: str = "mxfp8") -> torch.Tensor:
-    """fake_quant of a layer input [N, K] or [N, C, H, W], per sample in channels-last order (channels
-    fastest, the order in which an NHWC convolution reads its reduction dimension), padded."""
-    rows = x.movedim(1, -1)
+def fake_quant_nhwc(t: torch.Tensor, fmt: str = "mxfp8") -> torch.Tensor:
+    """fake_quant of a layer's input [N, K] / [N, C, H, W] or weight [out, K] / [out, C, kh, kw], each row (a
+    sample, an output channel) blocked along its reduction dimension in the order a channels-last (NHWC)
+    convolution kernel reads it: (H, W, C) for an input, (kh, kw, C) for a weight, channels fastest
+    (permute (0, 2, 3, 1), then flatten), zero-padded to whole blocks. A block then runs through the input
+    channels of one tap, then of the next: consecutive values of the implicit GEMM's reduction dimension
+    (K = kh*kw*C), as the hardware blocks it. PyTorch's memory order (C, kh, kw) would block one channel's
+    kh*kw taps together instead. 2-D tensors are blocked along their last dim as they are.
+    """
+    rows = t.movedim(1, -1)
     return fake_quant(rows.flatten(1), fmt, pad=True).reshape(rows.shape).movedim(-1, 1)

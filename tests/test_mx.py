@@ -83,14 +83,34 @@ def test_nvfp4():
     assert (y - x).norm() / x.norm() < 0.15
 
 
-def test_fake_quant_pads_and_blocks_activations_channels_last():
+def test_fake_quant_nhwc_pads_and_blocks_activations_channels_last():
     x = torch.randn(3, 5, 2, 4)                                   # per sample 40 values: one block + 8 padded
-    y = mx.fake_quant_activation(x, "mxfp4")
+    y = mx.fake_quant_nhwc(x, "mxfp4")
     rows = torch.nn.functional.pad(x.permute(0, 2, 3, 1).reshape(3, 40), (0, 24))
     want = mx.mx_dequantize(*mx.mx_quantize(rows, "fp4_e2m1"))[:, :40].reshape(3, 2, 4, 5).permute(0, 3, 1, 2)
     assert y.shape == x.shape and torch.equal(y, want)
     assert torch.equal(mx.fake_quant(x[:, 0, 0], "nvfp4", pad=True),
                        mx.nvfp4_dequantize(*mx.nvfp4_quantize(torch.nn.functional.pad(x[:, 0, 0], (0, 12))))[:, :4])
+
+
+def test_conv_weight_blocks_run_over_input_channels_of_one_tap_then_the_next():
+    """w [out=2, c_in=16, kh=2, kw=2]: K = 64 per output channel, 2 MXFP4 blocks of 32. An NHWC kernel reduces in
+    (kh, kw, c_in) order, so block b holds the taps (i, j) with (i * kw + j) * c_in + c in [32 b, 32 b + 32):
+    block 0 = row i = 0 of the kernel, all 16 channels; block 1 = row i = 1. One huge weight in block 1
+    flushes every other element of block 1 to 0 (they share its scale) and leaves block 0 alone."""
+    g = torch.Generator().manual_seed(5)
+    w = (torch.rand(2, 16, 2, 2, generator=g) + 0.5) * 1e-2
+    w[0, 5, 1, 0] = 1e4
+    y = mx.fake_quant_nhwc(w, "mxfp4")
+    c, i, j = torch.meshgrid(torch.arange(16), torch.arange(2), torch.arange(2), indexing="ij")
+    block = ((i * 2 + j) * 16 + c) // 32                          # [c_in, kh, kw]: which block each weight is in
+    outlier = torch.zeros(16, 2, 2, dtype=torch.bool)
+    outlier[5, 1, 0] = True
+    assert torch.equal(y[0] == 0, (block == block[5, 1, 0]) & ~outlier)
+    assert (y[1] != 0).all()                                      # the other output channel: its own blocks
+    pytorch_order = torch.arange(64).reshape(16, 2, 2) // 32      # blocking w.flatten(1) instead: by channel
+    assert not torch.equal(block, pytorch_order)
+    assert torch.equal(y.permute(0, 2, 3, 1).flatten(1), mx.fake_quant(w.permute(0, 2, 3, 1).flatten(1), "mxfp4"))
 
 
 def test_torchao_reference():

@@ -52,13 +52,38 @@ def test_ties_go_to_the_lower_index():
     assert nm_mask(w.half()).tolist() == nm_mask(w).tolist()
 
 
-def test_conv_groups_run_over_flattened_inputs_and_model_masks_hold():
-    conv = nn.Conv2d(4, 6, 3)                               # 4 * 3 * 3 = 36 inputs per filter
+def reference_conv_mask(weight):
+    """ASP's 2:4 grouping for a conv, written out: at each (o, kh, kw), input channels 4g..4g+3 keep their 2 largest."""
+    out, c_in, kh, kw = weight.shape
+    mask = torch.zeros(weight.shape, dtype=torch.bool)
+    for o in range(out):
+        for i in range(kh):
+            for j in range(kw):
+                for g in range(0, c_in, 4):
+                    group = weight[o, g:g + 4, i, j].abs().tolist()
+                    for k in sorted(range(4), key=lambda k: (-group[k], k))[:2]:
+                        mask[o, g + k, i, j] = True
+    return mask
+
+
+def test_conv_groups_run_along_input_channels_at_each_tap():
+    conv = nn.Conv2d(8, 6, 3)                               # c_in = 8: two groups of 4 channels per (o, kh, kw)
     mask = nm_mask(conv.weight)
-    assert mask.shape == conv.weight.shape and mask.reshape(6, -1).reshape(-1, 4).sum(1).eq(2).all()
+    assert mask.shape == conv.weight.shape and torch.equal(mask, reference_conv_mask(conv.weight.detach()))
+    assert mask.reshape(6, 2, 4, 3, 3).sum(2).eq(2).all()   # every group of 4 channels at every tap keeps 2
+    flat = conv.weight.detach().flatten(1)                  # grouping PyTorch's memory order instead: not this
+    assert not torch.equal(mask, nm_mask(flat).reshape(mask.shape))
+    assert is_nm_sparse(conv.weight * mask) and not is_nm_sparse(conv.weight)
+    w1d = torch.randn(5, 8, 3)                              # Conv1d [out, c_in, k]: groups along c_in too
+    assert torch.equal(nm_mask(w1d), nm_mask(w1d.unsqueeze(-1)).squeeze(-1))
+    with pytest.raises(ValueError, match="in_channels for a conv"):
+        nm_mask(nn.Conv2d(6, 4, 2).weight)                  # 6 channels: not whole groups of 4 (24 inputs would be)
+
+
+def test_eligible_layers_and_model_masks_hold():
     assert list(eligible_layers(LeNet5())) == [n for n, mod in LeNet5().named_modules()
                                                if isinstance(mod, (nn.Linear, nn.Conv2d))
-                                               and mod.weight[0].numel() % 4 == 0]
+                                               and mod.weight.shape[1] % 4 == 0]
     model = LeNet300()
     masks = semi_structured_prune(model)
     assert set(masks) == {"fc1", "fc2", "fc3"} and masks["fc1"].dtype == torch.float32

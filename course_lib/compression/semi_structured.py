@@ -1,11 +1,14 @@
 """2:4 semi-structured sparsity: the one sparsity pattern GPU tensor cores accelerate.
 
-In every group of 4 consecutive weights along the *input* dimension (the reduction dimension of
-the matmul: the last dim of a Linear weight [out, in]; a conv's in_channels*kh*kw), keep the 2
-of largest magnitude. Half the weights go, but every group of 4 keeps exactly 2, so the matrix
-can be stored as a dense half-width matrix of values plus a 2-bit index per kept value (which of
-the 4 positions it came from). NVIDIA's sparse tensor cores (Ampere A100 and later) read those
-indices to pick the matching activations and skip the zeros: up to 2x the dense math peak
+In every group of 4 consecutive weights along the *input* dimension (the reduction dimension of the matmul),
+keep the 2 of largest magnitude: along in_features for a Linear weight [out, in]; along in_channels for a
+conv weight [out, c_in, kh, kw], at each (out, kh, kw). A convolution runs on tensor cores as an implicit
+GEMM over channels-last (NHWC) data, where the reduction dimension is (kh, kw, c_in) with channels fastest,
+so 4 consecutive values are 4 input channels; NVIDIA's ASP (apex.contrib.sparsity, `create_mask`) permutes a
+conv weight the same way, to groups of 4 input channels, for its 2:4 mask. Half the weights go, but every
+group of 4 keeps exactly 2, so the matrix can be stored as a dense half-width matrix of values plus a 2-bit
+index per kept value (which of the 4 positions it came from). NVIDIA's sparse tensor cores (Ampere A100 and
+later) read those indices to pick the matching activations and skip the zeros: up to 2x the dense math peak
 (Mishra et al., "Accelerating Sparse Deep Neural Networks", arXiv:2104.08378, 2021).
 Unstructured 50% sparsity has no such hardware path.
 
@@ -13,7 +16,9 @@ Unstructured 50% sparsity has no such hardware path.
     masks = semi_structured_prune(model)      # in place; keep them with pruning.masked_fit
     storage_bytes(weight)                     # dense vs 2:4 (values + metadata) vs CSR / bitmask
 
-Generalised to N:M (keep N of every M); ties go to the lower index within a group.
+Generalised to N:M (keep N of every M); ties go to the lower index within a group. A weight whose
+input dim is not a multiple of m is refused with a ValueError (ASP's mask function pads it with zeros
+instead); `eligible_layers` leaves such layers dense, e.g. a first conv on 1-channel images.
 """
 from __future__ import annotations
 
@@ -40,16 +45,18 @@ def _check_nm(n, m) -> None:
 
 
 def as_matrix(weight: torch.Tensor, m: int = 4) -> torch.Tensor:
-    """`weight` as [rows, reduction]: a Linear's [out, in], a conv's [out, in*kh*kw], a vector as one row.
+    """`weight` as [rows, reduction] with the groups of m along each row: a Linear's [out, in] as it is, a conv's
+    [out, c_in, kh, kw] as [out*kh*kw, c_in] (channels last: permute (0, 2, 3, 1)), a vector as one row.
 
-    TypeError for a non-float tensor; ValueError when the reduction dim is not a multiple of m.
+    TypeError for a non-float tensor; ValueError when the grouped dim (in, or c_in) is not a multiple of m.
     """
     float_tensor("weight", weight)
     if weight.dim() == 0:
         raise ValueError("weight must have at least 1 dimension; got a scalar")
-    matrix = weight.detach().reshape(weight.shape[0] if weight.dim() > 1 else 1, -1)
+    matrix = weight.detach().reshape(1, -1) if weight.dim() == 1 else weight.detach().movedim(1, -1)
+    matrix = matrix.reshape(-1, matrix.shape[-1])
     if matrix.shape[1] % m:
-        raise ValueError(f"weight's input dimension (last dim; in_channels*kh*kw for a conv) must be a multiple of "
+        raise ValueError(f"weight's input dimension (in_features; in_channels for a conv) must be a multiple of "
                          f"m={m}; got {matrix.shape[1]} (shape {tuple(weight.shape)})")
     return matrix
 
@@ -57,8 +64,10 @@ def as_matrix(weight: torch.Tensor, m: int = 4) -> torch.Tensor:
 def nm_mask(weight: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
     """Bool mask (weight's shape): in every m consecutive weights along the input dim, the n largest |w|.
 
-    Ties go to the lower index: a stable descending sort keeps equal values in their original order,
-    so four equal weights keep positions 0 and 1 (torch.topk gives no such promise).
+    The input dim: in_features of a Linear [out, in]; in_channels of a conv [out, c_in, kh, kw], whose
+    groups are 4 input channels at one (out, kh, kw) (`as_matrix`). Ties go to the lower index: a stable
+    descending sort keeps equal values in their original order, so four equal weights keep positions 0
+    and 1 (torch.topk gives no such promise).
     """
     _check_nm(n, m)
     matrix = as_matrix(weight, m)
@@ -68,26 +77,29 @@ def nm_mask(weight: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
     order = torch.sort(groups, dim=1, descending=True, stable=True).indices
     mask = torch.zeros_like(groups, dtype=torch.bool)
     mask.scatter_(1, order[:, :n], True)
-    return mask.reshape(weight.shape)
+    if weight.dim() <= 2:
+        return mask.reshape(weight.shape)
+    channels_last = weight.movedim(1, -1).shape                        # [out, kh, kw, c_in]
+    return mask.reshape(channels_last).movedim(-1, 1)
 
 
 def is_nm_sparse(weight: torch.Tensor, n: int = 2, m: int = 4) -> bool:
-    """True if every group of m consecutive weights along the input dim has at most n non-zeros."""
+    """True if every group of m consecutive weights along the input dim (`as_matrix`) has at most n non-zeros."""
     _check_nm(n, m)
     return bool((as_matrix(weight, m).reshape(-1, m) != 0).sum(dim=1).le(n).all())
 
 
 def eligible_layers(model: nn.Module, m: int = 4, layers=None) -> dict:
-    """name -> Linear/Conv2d whose input dim (in_features, or in_channels*kh*kw) is a multiple of m.
+    """name -> Linear/Conv2d whose input dim (in_features; in_channels per conv group) is a multiple of m.
 
-    layers=None picks every eligible layer (a 1-channel 5x5 conv, 25 inputs, cannot be 2:4);
-    named layers must all be eligible.
+    layers=None picks every eligible layer (a 1-channel conv cannot be 2:4); named layers must all be eligible.
     """
     found = prunable_layers(model, layers)
-    fits = {name: mod for name, mod in found.items() if mod.weight[0].numel() % m == 0}
+    fits = {name: mod for name, mod in found.items() if mod.weight.shape[1] % m == 0}
     if layers is not None and len(fits) < len(found):
-        bad = {name: mod.weight[0].numel() for name, mod in found.items() if name not in fits}
-        raise ValueError(f"layers must have an input dimension that is a multiple of m={m}; got {bad}")
+        bad = {name: mod.weight.shape[1] for name, mod in found.items() if name not in fits}
+        raise ValueError(f"layers must have an input dimension (in_features, or in_channels) that is a multiple of "
+                         f"m={m}; got {bad}")
     if not fits:
         raise ValueError(f"model ({type(model).__name__}) has no Linear/Conv2d with an input dim divisible by m={m}")
     return fits
