@@ -220,3 +220,10 @@ def test_lecture_08_sections_4_and_4b_give_the_same_efficiency():
     # the figures the expert review found 5-8x apart (62% vs 91% at 16 GPUs) now agree, and the mistake is kept by name
     assert N.scaling_efficiency(10**9, 4, compute_s, 16, dgx, N.ONE_CARD) < 0.7 < 0.9 < N.scaling_efficiency(
         10**9, 4, compute_s, 16, dgx)
+
+
+def test_a_fabric_is_a_fabric_or_the_name_of_one():
+    dgx = N.FABRICS["DGX H100"]
+    assert N.get_fabric(dgx) is dgx and N.get_fabric("DGX H100") is dgx
+    with pytest.raises(ValueError, match="fabric.*DGX H100"):
+        N.allreduce_seconds(1e6, 16, "DGX H1000")
