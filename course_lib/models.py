@@ -1,10 +1,12 @@
-"""The three MNIST models of the course. Every model returns logits [N, 10].
+"""The MNIST models of the course's trainer (`MODELS`, by CLI name). Every model returns logits [N, 10].
 
 - `Net`: the seed's model from the classic PyTorch MNIST example (21,840 parameters).
   Identical layers; only the final `log_softmax` is gone, because CrossEntropyLoss applies
   it itself (notebook 01 explains why the original's extra log_softmax was harmless but wrong).
 - `LeNet300`: LeNet-300-100, the fully connected net of the Deep Compression paper (266,610).
 - `LeNet5`: LeNet-5 as in Caffe and the Deep Compression paper, 20-50-500-10 (431,080).
+- "vit": `course_lib.vit.ViT`, the small Vision Transformer of lecture 17 (204,938), the one model with a
+  tensor-parallel plan (`--strategy fsdp_tp`).
 
 `count_parameters` sizes a model; `max_diff` is the course's "same result?" measure between two
 models' parameters (or gradients, or tensors).
@@ -14,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .vit import ViT
 
 
 class Net(nn.Module):
@@ -73,11 +77,11 @@ class LeNet5(nn.Module):
         return self.fc2(x)
 
 
-MODELS = {"net": Net, "lenet300": LeNet300, "lenet5": LeNet5}
+MODELS = {"net": Net, "lenet300": LeNet300, "lenet5": LeNet5, "vit": ViT}
 
 
 def build_model(name: str) -> nn.Module:
-    """A fresh model by its CLI name: one of MODELS ("net", "lenet300", "lenet5")."""
+    """A fresh model by its CLI name: one of MODELS ("net", "lenet300", "lenet5", "vit")."""
     try:
         return MODELS[name]()
     except KeyError:

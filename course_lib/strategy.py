@@ -13,8 +13,13 @@ wraps the model in DistributedDataParallel: every rank holds the whole model, gr
 averaged. `FSDP` (FSDP2, `fully_shard` per layer) shards the model before the optimizer sees it,
 so each rank keeps 1/N of the parameters, gradients and optimizer state; its checkpoints hold full
 state dicts gathered to rank 0 (they load into an unsharded model), with the optimizer state keyed
-by parameter name. A new way to parallelise is one more subclass, listed in STRATEGIES; the script
-and the checkpoints ask it what they need (its attributes), never its name.
+by parameter name. `FSDPTP` (--tp N) is 2-D: tensor parallel inside each ViT block over N ranks,
+FSDP2 over the world/N data-parallel ranks (`distributed.fsdp_tp`); the N ranks of one tensor-parallel
+group train on the same batch, so its data rank and data world size (`data_rank`, `data_world_size`:
+which shard of the data this rank loads, out of how many) are its dp coordinate and world/N, where
+every other strategy's are its rank and world size. A new way to parallelise is one more subclass,
+listed in STRATEGIES; the script and the checkpoints ask it what they need (its attributes), never
+its name.
 """
 from __future__ import annotations
 
@@ -36,13 +41,26 @@ class Strategy:
     distributed = True               # several processes: rank 0 downloads, logs and writes checkpoints
     shards_parameters = False        # each rank holds a slice of every parameter (no channels_last then)
     keys_optimizer_by_name = False   # its optimizer state dicts key the state by parameter name, not index
+    tensor_parallel = False          # splits layers over --tp ranks (start takes tp=)
 
     def __init__(self, info: DistInfo, device: torch.device):
         self.info, self.device = info, device
 
+    @property
+    def data_rank(self) -> int:
+        """Which shard of the training data this rank loads (ranks that must see the same batch share one)."""
+        return self.info.rank
+
+    @property
+    def data_world_size(self) -> int:
+        """Into how many shards the training data is cut: the number of different batches per step."""
+        return self.info.world_size
+
     @classmethod
-    def start(cls, device: str, info: DistInfo) -> "Strategy":
-        """Join the process group on this rank's device; SystemExit with the fix when the launch does not fit."""
+    def start(cls, device: str, info: DistInfo, **options) -> "Strategy":
+        """Join the process group on this rank's device; SystemExit with the fix when the launch does not fit.
+
+        options: the subclass's own constructor arguments (fsdp_tp: tp)."""
         if "MASTER_ADDR" not in os.environ:
             raise SystemExit(f"--strategy {cls.name} needs a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR, e.g.\n"
                              f"  torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy {cls.name}")
@@ -52,7 +70,7 @@ class Strategy:
         elif dev.type != "cpu":
             raise SystemExit(f"--strategy {cls.name} runs on CPU (gloo) or CUDA (nccl), not {dev.type}")
         _join_process_group(info, dev)
-        return cls(info, dev)
+        return cls(info, dev, **options)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Change the model in place before the optimizer sees its parameters (fsdp shards it)."""
@@ -153,7 +171,56 @@ class FSDP(Strategy):
         load_full_state_dicts(model, optimizer, model_state, optimizer_state)
 
 
-STRATEGY_CLASSES = {cls.name: cls for cls in (Single, DDP, FSDP)}
+class FSDPTP(Strategy):
+    """2-D: tensor parallel over `tp` ranks inside each ViT block, FSDP2 over the world/tp data-parallel ranks.
+
+    The ranks of one tensor-parallel group (rank // tp alike) load the same batch. Checkpoints hold
+    full state dicts, as FSDP's (they load into an unsharded model; optimizer state keyed by name).
+    """
+
+    name = "fsdp_tp"
+    shards_parameters = True
+    keys_optimizer_by_name = True
+    tensor_parallel = True
+
+    def __init__(self, info: DistInfo, device: torch.device, tp: int = 2):
+        from .distributed.fsdp_tp import check_tp
+
+        super().__init__(info, device)
+        self.tp = check_tp(tp, info.world_size)
+
+    @classmethod
+    def start(cls, device, info, tp: int = 2):
+        from .distributed.fsdp_tp import check_tp
+
+        check_tp(tp, info.world_size)            # before joining: a wrong --tp fails at once, on every rank
+        return super().start(device, info, tp=tp)
+
+    @property
+    def data_rank(self):
+        return self.info.rank // self.tp       # the dp coordinate: rank = dp_index * tp + tp_index
+
+    @property
+    def data_world_size(self):
+        return self.info.world_size // self.tp
+
+    def prepare(self, model):
+        from .distributed.fsdp_tp import parallelize_vit
+
+        return parallelize_vit(model, self.tp)   # refuses a model without a TP plan, or heads tp does not divide
+
+    def state_dicts(self, model, optimizer):
+        from .distributed.sharding import full_state_dicts
+
+        return full_state_dicts(model, optimizer)
+
+    def load_state_dicts(self, model, optimizer, model_state, optimizer_state):
+        from .distributed.sharding import load_full_state_dicts
+
+        load_full_state_dicts(model, optimizer, model_state, optimizer_state)
+
+
+STRATEGY_CLASSES = {cls.name: cls for cls in (Single, DDP, FSDP, FSDPTP)}
 STRATEGIES = tuple(STRATEGY_CLASSES)     # the --strategy choices
 
 
@@ -191,11 +258,19 @@ def _rank_device(device: str, info: DistInfo) -> torch.device:
                      f"per rank. Use --nproc_per_node {gpus} or --device cpu (gloo).")
 
 
-def setup_strategy(name: str, device: str, info: DistInfo) -> Strategy:
-    """The strategy `name` (one of STRATEGIES) on `device`; ddp and fsdp join the process group.
+def setup_strategy(name: str, device: str, info: DistInfo, tp: int | None = None) -> Strategy:
+    """The strategy `name` (one of STRATEGIES) on `device`; all but single join the process group.
 
-    Raises SystemExit with the fix when the launch does not fit the strategy.
+    tp: tensor-parallel ranks, for fsdp_tp only (default 2); ValueError naming --tp for any other
+    strategy, or when it does not divide the world size. Raises SystemExit with the fix when the
+    launch does not fit the strategy.
     """
     if name not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {name!r}")
-    return STRATEGY_CLASSES[name].start(device, info)
+    cls = STRATEGY_CLASSES[name]
+    if tp is None:
+        return cls.start(device, info)
+    if not cls.tensor_parallel:
+        takes = [n for n, c in STRATEGY_CLASSES.items() if c.tensor_parallel]
+        raise ValueError(f"--tp applies to --strategy {' or '.join(takes)} only; got --strategy {name}")
+    return cls.start(device, info, tp=tp)

@@ -6,11 +6,12 @@
     python -m course_lib.train --device cuda --batch-size 512 --lr 0.02   # fastest on a GPU (bench gpu-fast)
     python -m course_lib.train --checkpoint-dir runs/a --resume   # continue after a crash
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy ddp --json
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 4 -m course_lib.train --model vit --strategy fsdp_tp --tp 2
     torchrun --nnodes 2 --node_rank 0 --rdzv-backend c10d --rdzv-endpoint HOST:PORT --nproc_per_node 4 \
         -m course_lib.train --strategy ddp --checkpoint-dir runs/b --checkpoint-every 50 --resume
 
 A thin script over the training loop (`course_lib.loop.fit`): the launch is behind one seam,
-`course_lib.strategy` (single | ddp | fsdp: how to join the ranks, wrap the model, and get and load
+`course_lib.strategy` (single | ddp | fsdp | fsdp_tp: how to join the ranks, wrap the model, and get and load
 state dicts), and checkpoints behind one component, `course_lib.checkpoint.Checkpointer`. It reads
 RANK/WORLD_SIZE/LOCAL_RANK (set by torchrun) and logs from rank 0 only. With --json the last
 stdout line is a JSON object (test_accuracy, train_seconds, images_per_second, world_size,
@@ -40,6 +41,12 @@ keeps half (1/N) of the parameters, gradients and Adam state. Checkpoints hold F
 gathered to rank 0 (`get_model_state_dict(..., full_state_dict=True, cpu_offload=True)`): the
 model part loads into an unsharded model; --resume re-shards them (fsdp checkpoints resume with
 fsdp only: their optimizer state is keyed by parameter name).
+
+--strategy fsdp_tp --tp N (under torchrun, --model vit): 2-D, tensor parallel by heads inside each
+ViT block over N ranks, FSDP2 over the world/N data-parallel ranks (`distributed.fsdp_tp`). The N
+ranks of one tensor-parallel group load the same batch (the loader's rank and world size are the
+strategy's data_rank and data_world_size); images_per_second and global_batch_size count each
+batch once. Checkpoints as fsdp's: full state dicts.
 
 Fault tolerance: --checkpoint-every N writes DIR/last.pt atomically every N optimizer steps
 (model, optimizer, scheduler, every rank's RNG, epoch, step); --resume continues from it, mid-
@@ -97,7 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from DIR/last.pt if it exists")
     p.add_argument("--strategy", choices=STRATEGIES, default="single",
                    help="ddp: DistributedDataParallel; fsdp: FSDP2, parameters/gradients/optimizer state sharded "
-                        "over the ranks; both one process per rank (launch with torchrun)")
+                        "over the ranks; fsdp_tp: tensor parallel over --tp ranks inside each block (--model vit), "
+                        "FSDP2 over the rest; all one process per rank (launch with torchrun)")
+    p.add_argument("--tp", type=_positive(int), default=None,
+                   help="fsdp_tp only: ranks per tensor-parallel group, dividing the world size and the ViT's "
+                        "heads (default 2)")
     p.add_argument("--precision", choices=PRECISIONS, default="32",
                    help="bf16: bfloat16 autocast (CPU or GPU); 16: fp16 autocast + GradScaler (CUDA only)")
     p.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
@@ -140,7 +151,7 @@ def run(args: argparse.Namespace, on_step_end=None) -> dict:
         raise SystemExit("--checkpoint-every needs --checkpoint-dir (where to write last.pt)")
     if args.seed < 0:
         raise SystemExit(f"--seed must be >= 0; got {args.seed}")
-    strategy = setup_strategy(args.strategy, args.device, dist_info())
+    strategy = setup_strategy(args.strategy, args.device, dist_info(), tp=getattr(args, "tp", None))
     try:
         return _train(args, strategy, on_step_end)
     finally:
@@ -148,7 +159,8 @@ def run(args: argparse.Namespace, on_step_end=None) -> dict:
 
 
 def _loaders(args, strategy):
-    """(train loader, test loader): each rank gets its own shard of the training set (one process: all of it)."""
+    """(train loader, test loader): each data rank gets its own shard of the training set (one process: all
+    of it); ranks that share a batch (fsdp_tp's tensor-parallel groups) share a data rank."""
     from .data import load_tensors, mnist_loaders
     from .rank_data import ShardedTensorLoader
 
@@ -162,8 +174,8 @@ def _loaders(args, strategy):
     if args.train_subset and train_loader.dataset_size < args.train_subset:
         raise ValueError(f"--train-subset {args.train_subset:,} is more than the training set holds "
                          f"({train_loader.dataset_size:,} images); pass at most {train_loader.dataset_size:,}")
-    train_loader = ShardedTensorLoader(*train_loader.tensors, batch_size=args.batch_size, rank=info.rank,
-                                       world_size=info.world_size, seed=args.seed)   # world size 1: TensorLoader's order
+    train_loader = ShardedTensorLoader(*train_loader.tensors, batch_size=args.batch_size, rank=strategy.data_rank,
+                                       world_size=strategy.data_world_size, seed=args.seed)   # 1: TensorLoader's order
     return train_loader, test_loader
 
 
@@ -212,12 +224,13 @@ def _train(args, strategy, on_step_end=None) -> dict:
                   on_step_end=step_end, on_epoch_end=ckpt.on_epoch_end if ckpt else None,
                   precision=args.precision, scaler=scaler)
     test_loss, test_acc = evaluate(model, test_loader, device)
-    images_per_second = strategy.sum(history.mean_images_per_second)   # the whole job: the sum over ranks
+    # the whole job: the sum over ranks, each batch once (fsdp_tp: tp ranks train on one batch)
+    images_per_second = strategy.sum(history.mean_images_per_second) * strategy.data_world_size / info.world_size
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
             "strategy": args.strategy, "precision": args.precision, "world_size": info.world_size,
             "memory_format": "channels_last" if memory_format is torch.channels_last else "contiguous",   # as the flag
             "compile": args.compile, "epochs": args.epochs, "epochs_run": len(history.train_loss),
-            "batch_size": args.batch_size, "global_batch_size": args.batch_size * info.world_size, "lr": args.lr, "optimizer": args.optimizer,
+            "batch_size": args.batch_size, "global_batch_size": args.batch_size * strategy.data_world_size, "lr": args.lr, "optimizer": args.optimizer,
             "seed": args.seed, "train_samples": train_loader.dataset_size, "test_samples": test_loader.dataset_size,
             "test_loss": round(test_loss, 6), "test_accuracy": round(test_acc, 6),
             "train_seconds": round(history.train_seconds, 3),

@@ -15,17 +15,20 @@ PACKAGE = Path(strategy.__file__).parent
 
 def test_strategies_are_siblings_of_one_base():
     classes = strategy.STRATEGY_CLASSES
-    assert tuple(classes) == strategy.STRATEGIES == ("single", "ddp", "fsdp")
+    assert tuple(classes) == strategy.STRATEGIES == ("single", "ddp", "fsdp", "fsdp_tp")
     for name, cls in classes.items():
         assert cls.__bases__ == (strategy.Strategy,) and cls.name == name
-    # only what differs is overridden: DDP wraps, FSDP shards and gathers full state dicts, Single has no group
+    # only what differs is overridden: DDP wraps, FSDP shards and gathers full state dicts, Single has no group;
+    # FSDPTP also takes --tp (start, __init__: dunder, not listed) and says its data rank and world (properties)
     own = {name: {k for k in vars(cls) if callable(getattr(cls, k)) and not k.startswith("__")}
            for name, cls in classes.items()}
     assert own == {"single": {"start", "gather", "barrier", "sum", "close"}, "ddp": {"wrap"},
-                   "fsdp": {"prepare", "state_dicts", "load_state_dicts"}}
-    assert [cls.keys_optimizer_by_name for cls in classes.values()] == [False, False, True]
-    assert [cls.shards_parameters for cls in classes.values()] == [False, False, True]
-    assert [cls.distributed for cls in classes.values()] == [False, True, True]
+                   "fsdp": {"prepare", "state_dicts", "load_state_dicts"},
+                   "fsdp_tp": {"start", "prepare", "state_dicts", "load_state_dicts"}}
+    assert [cls.keys_optimizer_by_name for cls in classes.values()] == [False, False, True, True]
+    assert [cls.shards_parameters for cls in classes.values()] == [False, False, True, True]
+    assert [cls.distributed for cls in classes.values()] == [False, True, True, True]
+    assert [cls.tensor_parallel for cls in classes.values()] == [False, False, False, True]
 
 
 def test_single_is_local_and_refuses_many_ranks():
@@ -36,7 +39,7 @@ def test_single_is_local_and_refuses_many_ranks():
     assert one.prepare(model) is model and one.wrap(model) is model
     with pytest.raises(SystemExit, match="--strategy single"):
         strategy.setup_strategy("single", "cpu", DistInfo(0, 2, 0))
-    with pytest.raises(ValueError, match=r"strategy must be one of \('single', 'ddp', 'fsdp'\); got 'zero3'"):
+    with pytest.raises(ValueError, match=r"strategy must be one of \('single', 'ddp', 'fsdp', 'fsdp_tp'\); got 'zero3'"):
         strategy.setup_strategy("zero3", "cpu", DistInfo(0, 1, 0))
 
 
@@ -85,6 +88,17 @@ def test_checkpoints_resume_only_where_the_strategy_keys_optimizer_state_alike(t
         _checkpointer(tmp_path, single).restore()
     assert checkpoint.optimizer_keyed_by_name(state["optimizer"])
     assert not checkpoint.optimizer_keyed_by_name(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1).state_dict())
+
+
+def test_data_rank_is_the_rank_except_where_ranks_share_a_batch():
+    cpu = torch.device("cpu")
+    for rank in range(4):
+        info = DistInfo(rank, 4, rank)
+        ddp, two_d = strategy.DDP(info, cpu), strategy.FSDPTP(info, cpu, tp=2)
+        assert (ddp.data_rank, ddp.data_world_size) == (rank, 4)
+        assert (two_d.data_rank, two_d.data_world_size) == (rank // 2, 2)     # the dp coordinate of a (dp, tp) mesh
+    with pytest.raises(ValueError, match="--tp 3 must divide the world size 4"):
+        strategy.FSDPTP(DistInfo(0, 4, 0), cpu, tp=3)
 
 
 def test_memory_format_asks_whether_the_strategy_shards_parameters():

@@ -17,6 +17,7 @@
 - `faults`: kill a rank on purpose, to watch a job survive it.
 - `hang`: a hang found, not guessed: one rank skips a collective, a timeout ends it, the Flight Recorder says who.
 - `sharded_checkpoint`: checkpoints at scale: every rank writes its own shard (torch.distributed.checkpoint).
+- `reshard_checkpoint`: a 2-D sharded checkpoint loaded at another world size, and a torn save that never wins.
 - `schedules`: pipeline schedules as data (GPipe, 1F1B), their bubble and memory.
 - `pipeline`: model and pipeline parallelism: a model cut into stages, send/recv between them.
 - `schedules_zb`: schedules that shrink the bubble (interleaved 1F1B, ZB-H1, ZB-V) as per-rank actions.
@@ -29,6 +30,7 @@
 - `moe`: mixture of experts, and expert parallelism: tokens travel to their experts by all-to-all.
 - `sharding`: ZeRO's memory arithmetic, a hand-sharded optimizer, FSDP2 helpers.
 - `sharding_workers`: workers that measure sharded training against DDP.
+- `fsdp_tp`: FSDP2 over "dp" composed with tensor parallelism over "tp" on a 2-D mesh (`--strategy fsdp_tp`).
 
 A spawned process imports its worker function by module and name, so workers live in these
 modules (`workers` and the topic modules' own, `fn(rank, world_size, ...)`), not in notebook

@@ -26,6 +26,8 @@ Activations come on top, per rank, whatever the stage (`activations=` bytes, see
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -201,7 +203,7 @@ class ShardedOptimizer:
 
 def shard_model(model: nn.Module, reshard_after_forward: bool | int | None = None, mp_policy=None,
                 prefetch: int = 0) -> nn.Module:
-    """FSDP2 in place: rank 0's weights everywhere, then `fully_shard` per child with parameters, then the root.
+    """FSDP2 in place: rank 0's weights everywhere, then `fully_shard` per layer (`shard_units`), then the root.
 
     Afterwards each parameter is a DTensor holding this rank's torch.chunk of its dim 0. One
     `fully_shard` per layer means forward all-gathers one layer at a time (and frees it after),
@@ -226,10 +228,11 @@ def shard_model(model: nn.Module, reshard_after_forward: bool | int | None = Non
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
         raise ValueError(f"mp_policy must be None or a torch.distributed.fsdp.MixedPrecisionPolicy; got {mp_policy!r}")
     broadcast_parameters(model)             # as DDP does: every rank starts from the same weights
+    quiet_view_warning()
     mesh = init_device_mesh(next(model.parameters()).device.type, (dist.get_world_size(),))
     knobs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
              "mp_policy": mp_policy or MixedPrecisionPolicy()}
-    layers = [child for child in model.children() if any(True for _ in child.parameters())]
+    layers = shard_units(model)
     for layer in layers:
         fully_shard(layer, **knobs)
     fully_shard(model, **knobs)
@@ -238,6 +241,24 @@ def shard_model(model: nn.Module, reshard_after_forward: bool | int | None = Non
             layer.set_modules_to_forward_prefetch(layers[i + 1:i + 1 + prefetch])
             layer.set_modules_to_backward_prefetch(layers[max(i - prefetch, 0):i][::-1])
     return model
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules `shard_model` gives a `fully_shard` each, in forward order: the children that hold
+    parameters, with a container's (nn.Sequential, nn.ModuleList: a ViT's `blocks`) items taken one by one,
+    so that one transformer block, not the whole stack, is gathered at a time. Parameters of the model
+    itself (a ViT's position embedding) go with the root's `fully_shard`."""
+    units = []
+    for child in model.children():
+        items = list(child) if isinstance(child, (nn.Sequential, nn.ModuleList)) else [child]
+        units += [m for m in items if any(True for _ in m.parameters())]
+    return units
+
+
+def quiet_view_warning() -> None:
+    """Silence FSDP2's warning that a wrapped module returned a view (a ViT's patch embedding, on every rank,
+    every run): it warns that an IN-PLACE op on that output would skip a hook, and no course model does one."""
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 
 def _check_reshard(value, world_size: int):
