@@ -145,7 +145,10 @@ class _Recorder:
 
     @staticmethod
     def done(work) -> bool:
-        return work is None or work.is_completed()     # a blocking all_reduce returns None, done
+        # A blocking all_reduce returns None: done. gloo completes a work's future before the work itself
+        # (ProcessGroupGloo's finishWorkGloo: the future's result, then finish()), so an answer that waited on the
+        # future (get_future().wait(), torch.futures.wait_all) can see is_completed() False for a moment.
+        return work is None or work.is_completed() or work.get_future().done()
 
 
 def _hold_rank_1(rank: int, step: int) -> None:
