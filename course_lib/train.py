@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
                    help="channels_last stores conv weights and activations as NHWC, which oneDNN (CPU) and cuDNN "
                         "run much faster for small convolutions; auto: channels_last for models with Conv2d "
-                        "layers, except under fsdp (it shards parameters as flat rows)")
+                        "layers, except under a sharding strategy (fsdp, fsdp_tp: parameters sharded as rows)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (Inductor: Triton kernels on CUDA, C++ on the CPU); the first "
                         "epoch's time includes compiling, once per batch shape")
