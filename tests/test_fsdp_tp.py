@@ -17,6 +17,7 @@ def four_ranks():
     return fsdp_tp.compare_fsdp_tp(world_size=4, tp=2, steps=2, timeout=240)
 
 
+@pytest.mark.slow     # 4 gloo ranks (or a training run): tens of CPU-seconds
 def test_two_d_training_equals_one_process_on_the_concatenated_batches(four_ranks):
     out = four_ranks
     assert (out["world_size"], out["dp"], out["tp"], out["steps"]) == (4, 2, 2, 2)
@@ -25,6 +26,7 @@ def test_two_d_training_equals_one_process_on_the_concatenated_batches(four_rank
     assert out["weight_diff"] < 1e-3
 
 
+@pytest.mark.slow     # 4 gloo ranks (or a training run): tens of CPU-seconds
 def test_every_rank_holds_what_the_formula_says(four_ranks):
     out = four_ranks
     assert out["parameter_bytes"] == out["formula_exact"]               # per rank, torch.chunk's pieces
@@ -38,6 +40,7 @@ def test_every_rank_holds_what_the_formula_says(four_ranks):
     assert p[0] == p[1] and p[2] == p[3] and p[0] - p[2] == 16 * 64 * 4
 
 
+@pytest.mark.slow     # 4 gloo ranks (or a training run): tens of CPU-seconds
 def test_collectives_per_step_fsdp_over_dp_and_tp_inside_blocks(four_ranks):
     units = len(shard_units(ViT())) + 1                  # embed, 4 blocks, norm, head + the root (position)
     assert units == 8

@@ -18,6 +18,7 @@ def resharded(tmp_path_factory):
     return folder, rc.reshard_demo(folder, save_world=4, tp=2, load_worlds=(2, 1), timeout=240)
 
 
+@pytest.mark.slow     # 4 gloo ranks (or a training run): tens of CPU-seconds
 def test_a_2d_checkpoint_loads_exactly_on_two_fsdp_ranks_and_on_one_process(resharded):
     folder, out = resharded
     assert out["saved_on"] == {"world": 4, "dp": 2, "tp": 2}
@@ -29,6 +30,7 @@ def test_a_2d_checkpoint_loads_exactly_on_two_fsdp_ranks_and_on_one_process(resh
     assert rc.latest_step(folder).name == "step_1" and out["checkpoint"].endswith("step_1")
 
 
+@pytest.mark.slow     # 4 gloo ranks (or a training run): tens of CPU-seconds
 def test_pytorch_s_converter_reads_the_same_model_and_adam_state(resharded, tmp_path):
     folder, _ = resharded
     dcp_to_torch_save(folder / "step_1", tmp_path / "whole.pt")
@@ -40,12 +42,14 @@ def test_pytorch_s_converter_reads_the_same_model_and_adam_state(resharded, tmp_
         assert whole["optim"]["state"][name]["exp_avg"].shape == value.shape     # Adam's state, whole, by name
 
 
+@pytest.mark.slow     # 4 gloo ranks (or a training run): tens of CPU-seconds
 def test_a_save_never_overwrites_a_finished_step(resharded):
     folder, _ = resharded
     assert not list(folder.glob("*.tmp"))                 # renamed once finished
     assert rc.step_dir(folder, 1).is_dir()
 
 
+@pytest.mark.slow     # 4 gloo ranks (or a training run): tens of CPU-seconds
 def test_a_rank_killed_mid_save_leaves_the_previous_step_loadable(tmp_path):
     out = rc.torn_save_demo(tmp_path, world=4, tp=2, die_rank=1, timeout=240)
     assert out["crash"] is not None and "failed" in out["crash"]

@@ -32,6 +32,7 @@ def test_fsdp_shards_the_vit_block_by_block():
     assert shard_units(vit) == [vit.embed, *vit.blocks, vit.norm, vit.head]    # pos goes with the root
 
 
+@pytest.mark.slow     # 4 gloo ranks (or a training run): tens of CPU-seconds
 @needs_mnist
 def test_vit_trains_in_one_process_and_channels_last_changes_nothing():
     args = [*COMMON, "--train-subset", "128", "--batch-size", "64"]
