@@ -66,3 +66,16 @@ def pytest_collection_modifyitems(items):
     long = {item.nodeid.split("::")[0] for item in items
             if item.get_closest_marker("slow") or item.nodeid.split("::")[0].endswith(".ipynb")}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in long)
+
+
+@pytest.fixture
+def one_rank_launch(monkeypatch):
+    """The environment torchrun gives one process, with a rendezvous store held by this test."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for var, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "RANK": "0", "WORLD_SIZE": "1",
+                       "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(var, value)
+    yield
+    assert not dist.is_initialized(), "train.run left the process group open"

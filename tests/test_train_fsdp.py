@@ -1,7 +1,6 @@
 """The train CLI with --strategy fsdp: under torchrun against ddp, resumed after a killed rank, misuse refused."""
 import pytest
 import torch
-import torch.distributed as dist
 
 from conftest import needs_mnist
 from course_lib import train
@@ -47,17 +46,6 @@ def test_fsdp_under_torchrun_equals_ddp_even_after_a_killed_rank_restarts(tmp_pa
     LeNet300().load_state_dict(b["model"])       # rank 0 wrote full, unsharded tensors
     for key in a["model"]:
         torch.testing.assert_close(b["model"][key], a["model"][key], rtol=1e-4, atol=1e-5, msg=f"weights differ in {key}")
-
-
-@pytest.fixture
-def one_rank_launch(monkeypatch):
-    """The environment torchrun gives one process, with a rendezvous store held by this test."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    for var, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "RANK": "0", "WORLD_SIZE": "1",
-                       "LOCAL_RANK": "0"}.items():
-        monkeypatch.setenv(var, value)
-    yield
-    assert not dist.is_initialized(), "train.run left the process group open"
 
 
 @needs_mnist

@@ -240,6 +240,22 @@ def _train_step(model, batch, optimizer):
     return lambda: train_epoch(model, [batch], optimizer, torch.device("cpu"), F.cross_entropy, progress=False)
 
 
+def _phased_step(model, x, y, optimizer, after_backward=None):
+    """One step with its phases named for the recorder (forward, backward, optimizer); `after_backward` runs
+    inside backward's phase (a gradient collective the model does not do itself)."""
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.profiler.record_function("forward"):
+            loss = F.cross_entropy(model(x), y)
+        with torch.profiler.record_function("backward"):
+            loss.backward()
+            if after_backward is not None:
+                after_backward()
+        with torch.profiler.record_function("optimizer"):
+            optimizer.step()
+    return step
+
+
 def _param_table(model) -> list[list]:
     return [[n, p.numel(), p.element_size()] for n, p in model.named_parameters() if p.requires_grad]
 
@@ -333,14 +349,10 @@ def fsdp_worker(rank: int, world_size: int, width: int = 784, depth: int = 4, ba
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = _batches(rank, 1, batch, torch.device("cpu"))[0]
 
+    phases = _phased_step(model, x, y, opt)
+
     def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.profiler.record_function("forward"):
-            loss = F.cross_entropy(model(x), y)
-        with torch.profiler.record_function("backward"):
-            loss.backward()
-        with torch.profiler.record_function("optimizer"):
-            opt.step()
+        phases()
         dist.barrier()
     trace, seconds = record_step(step, [p for p in model.parameters()], steps)
     params = [[n, p.numel(), p.element_size()] for n, p in shard_friendly_mlp(width, depth).named_parameters()]

@@ -22,17 +22,11 @@ import functools
 from dataclasses import asdict
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..validate import boolean, positive_int
 from ..vit import Block, ViT
-from .record import Event, RankTrace, Recorder, Recording, _param_table, _train_step, record_step
-
-
-def _images(batch: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,), generator=g)
+from .record import Event, RankTrace, Recorder, Recording, _batch, _param_table, _phased_step, _train_step, record_step
 
 
 def record_vit(batch: int = 64, steps: int = 3) -> Recording:
@@ -42,7 +36,7 @@ def record_vit(batch: int = 64, steps: int = 3) -> Recording:
     torch.manual_seed(0)
     model = ViT()
     opt = make_optimizer("adam", model.parameters(), lr=1e-3)
-    rank, seconds = record_step(_train_step(model, _images(batch), opt), list(model.parameters()), steps)
+    rank, seconds = record_step(_train_step(model, _batch(batch, 0), opt), list(model.parameters()), steps)
     return Recording([rank], _param_table(model), 1, batch, f"ViT, batch {batch}, Adam, 1 process", seconds)
 
 
@@ -54,18 +48,10 @@ def vit_tp_worker(rank: int, world_size: int, batch: int = 8, sequence_parallel:
     torch.manual_seed(0)                                       # the same model and batch on every rank
     model = TensorParallelViT(ViT(), sequence_parallel)
     opt = make_optimizer("adam", model.parameters(), lr=1e-3)
-    images, labels = _images(batch)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.profiler.record_function("forward"):
-            loss = F.cross_entropy(model(images), labels)
-        with torch.profiler.record_function("backward"):
-            loss.backward()
-            if sequence_parallel:                              # the norms' gradients saw S/N tokens each
-                all_reduce_sequence_parallel_grads(model)
-        with torch.profiler.record_function("optimizer"):
-            opt.step()
+    images, labels = _batch(batch, 0)
+    # with sequence parallelism the norms' gradients saw S/N tokens each: summed over the ranks in backward
+    step = _phased_step(model, images, labels, opt,
+                        functools.partial(all_reduce_sequence_parallel_grads, model) if sequence_parallel else None)
     trace, seconds = record_step(step, list(model.parameters()), steps)
     return {"trace": asdict(trace), "seconds": seconds, "params": _param_table(model)}
 
