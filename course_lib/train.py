@@ -223,7 +223,10 @@ def _train(args, strategy, on_step_end=None) -> dict:
                   progress=not args.no_progress and info.is_main, start_epoch=start, skip_batches=skip,
                   on_step_end=step_end, on_epoch_end=ckpt.on_epoch_end if ckpt else None,
                   precision=args.precision, scaler=scaler)
-    test_loss, test_acc = evaluate(model, test_loader, device)
+    if history.val_loss:     # fit evaluated the final weights after its last epoch: not a second pass
+        test_loss, test_acc = history.val_loss[-1], history.val_accuracy[-1]
+    else:                    # resumed at the end: no epoch ran
+        test_loss, test_acc = evaluate(model, test_loader, device)
     # the whole job: the sum over ranks, each batch once (fsdp_tp: tp ranks train on one batch)
     images_per_second = strategy.sum(history.mean_images_per_second) * strategy.data_world_size / info.world_size
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
