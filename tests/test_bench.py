@@ -96,6 +96,17 @@ def test_loader_benchmark_quick(capsys):
     assert summary["data"].startswith("2,000 of the ")
 
 
+@pytest.mark.slow     # three launches of 2 gloo ranks
+def test_transformer_benchmark_counts_each_parallelisms_bytes_as_its_formula(capsys):
+    assert bench.main(["transformer", "--quick", "--json"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["ranks"] == [2] and summary["rows"] == 10
+    assert summary["min_ratio"] == summary["max_ratio"] == 1.0 and summary["max_diff_vs_one_process"] < 1e-5
+    for parallelism in ("TP", "SP", "CP", "EP"):
+        assert f" {parallelism} " in out
+
+
 @pytest.mark.slow
 @needs_mnist
 def test_cpu_mnist_benchmark_quick_as_a_subprocess():

@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "gpu-fast": Benchmark(".gpu_fast", "GPU recipe, one ingredient per row: fastest measured, time to 99%"),
     "compression": Benchmark(".compression", "Deep Compression, int8 inference and structured pruning vs fp32"),
     "grading": Benchmark(".grading", "a class of exercise-07 submissions graded with --jobs 1 vs 2: s per submission"),
+    "transformer": Benchmark(".transformer", "bytes per rank of TP, SP, CP and EP on 2 and 4 ranks vs their formulas"),
     "simulate": Benchmark(".simulate", "course_lib.simulate's replay vs the measured DDP step on 2 and 4 ranks: error"),
     "lectures": Benchmark(".lectures", "every lecture notebook top to bottom in a fresh kernel: seconds each (slot 120 s)"),
 }
