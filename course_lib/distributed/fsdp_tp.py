@@ -83,6 +83,7 @@ def parallelize_vit(model: ViT, tp: int, reshard_after_forward: bool | None = No
     check_tp(tp, world, model)
     broadcast_parameters(model)      # TP's distribute_tensor takes each tp row's first rank's weights: make them one
     quiet_view_warning()
+    quiet_gather_warning()           # a full state dict (checkpoints) gathers every 2-D shard
     mesh = init_device_mesh(next(model.parameters()).device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
     parallelize_module(model, mesh["tp"], torch_plan(len(model.blocks)))
     for unit in shard_units(model):
@@ -93,7 +94,8 @@ def parallelize_vit(model: ViT, tp: int, reshard_after_forward: bool | None = No
 
 def quiet_gather_warning() -> None:
     """Silence DTensor's note, on every rank, that gathering a 2-D shard (FSDP's rows of a TP shard: a
-    _StridedShard) whole takes two all-gathers in a row: true, and the only way for these tensors."""
+    _StridedShard) whole takes two all-gathers in a row: true, and the only way for these tensors (torch 2.14:
+    "it is not possible to merge non-ascending order all_gather operations", flattened mesh or not)."""
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
@@ -145,7 +147,6 @@ def _compare_worker(rank: int, world_size: int, tp: int, steps: int, batch: int)
 
     from ..models import max_diff
 
-    quiet_gather_warning()
     torch.manual_seed(0)
     ref = ViT()
     model = parallelize_vit(copy.deepcopy(ref), tp)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..env import rank_device
 from ..validate import int_in_range, positive_int
 from ..vit import ViT
-from .fsdp_tp import check_tp, parallelize_vit, quiet_gather_warning
+from .fsdp_tp import check_tp, parallelize_vit
 from .sharded_checkpoint import METADATA, _gathered, app_state, check_checkpoint_dir, layout, load_plain, restore
 from .sharding import shard_model
 
@@ -97,7 +97,6 @@ def _train_step(model, dp_index: int, batch: int = 8) -> None:
 
 
 def _model_2d(tp: int):
-    quiet_gather_warning()
     torch.manual_seed(0)
     model = parallelize_vit(ViT().to(rank_device()), tp)
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
