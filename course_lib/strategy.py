@@ -147,18 +147,12 @@ class DDP(Strategy):
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
-class FSDP(Strategy):
-    """FSDP2: each rank keeps 1/N of the parameters, gradients and optimizer state."""
+class Sharded(Strategy):
+    """What both sharding strategies share: checkpoints hold FULL state dicts, gathered to rank 0 (they load
+    into an unsharded model; optimizer state keyed by parameter name) and resharded on load."""
 
-    name = "fsdp"
     shards_parameters = True
     keys_optimizer_by_name = True    # full optimizer state dicts (get_optimizer_state_dict) are keyed by name
-
-    def prepare(self, model):
-        from .distributed.sharding import shard_model
-
-        shard_model(model)    # rank 0's weights, then fully_shard per layer: fully_shard changes the model itself
-        return model
 
     def state_dicts(self, model, optimizer):
         from .distributed.sharding import full_state_dicts
@@ -171,16 +165,25 @@ class FSDP(Strategy):
         load_full_state_dicts(model, optimizer, model_state, optimizer_state)
 
 
-class FSDPTP(Strategy):
+class FSDP(Sharded):
+    """FSDP2: each rank keeps 1/N of the parameters, gradients and optimizer state."""
+
+    name = "fsdp"
+
+    def prepare(self, model):
+        from .distributed.sharding import shard_model
+
+        shard_model(model)    # rank 0's weights, then fully_shard per layer: fully_shard changes the model itself
+        return model
+
+
+class FSDPTP(Sharded):
     """2-D: tensor parallel over `tp` ranks inside each ViT block, FSDP2 over the world/tp data-parallel ranks.
 
-    The ranks of one tensor-parallel group (rank // tp alike) load the same batch. Checkpoints hold
-    full state dicts, as FSDP's (they load into an unsharded model; optimizer state keyed by name).
+    The ranks of one tensor-parallel group (rank // tp alike) load the same batch. Checkpoints as FSDP's.
     """
 
     name = "fsdp_tp"
-    shards_parameters = True
-    keys_optimizer_by_name = True
     tensor_parallel = True
 
     def __init__(self, info: DistInfo, device: torch.device, tp: int = 2):
@@ -208,16 +211,6 @@ class FSDPTP(Strategy):
         from .distributed.fsdp_tp import parallelize_vit
 
         return parallelize_vit(model, self.tp)   # refuses a model without a TP plan, or heads tp does not divide
-
-    def state_dicts(self, model, optimizer):
-        from .distributed.sharding import full_state_dicts
-
-        return full_state_dicts(model, optimizer)
-
-    def load_state_dicts(self, model, optimizer, model_state, optimizer_state):
-        from .distributed.sharding import load_full_state_dicts
-
-        load_full_state_dicts(model, optimizer, model_state, optimizer_state)
 
 
 STRATEGY_CLASSES = {cls.name: cls for cls in (Single, DDP, FSDP, FSDPTP)}

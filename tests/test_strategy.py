@@ -16,15 +16,17 @@ PACKAGE = Path(strategy.__file__).parent
 def test_strategies_are_siblings_of_one_base():
     classes = strategy.STRATEGY_CLASSES
     assert tuple(classes) == strategy.STRATEGIES == ("single", "ddp", "fsdp", "fsdp_tp")
-    for name, cls in classes.items():
-        assert cls.__bases__ == (strategy.Strategy,) and cls.name == name
-    # only what differs is overridden: DDP wraps, FSDP shards and gathers full state dicts, Single has no group;
-    # FSDPTP also takes --tp (start, __init__: dunder, not listed) and says its data rank and world (properties)
+    for name, cls in classes.items():   # siblings; the two sharding ones share their full state dicts
+        base = strategy.Sharded if cls.shards_parameters else strategy.Strategy
+        assert cls.__bases__ == (base,) and cls.name == name
+    assert strategy.Sharded.__bases__ == (strategy.Strategy,)
+    # only what differs is overridden: DDP wraps, FSDP shards, Single has no group; FSDPTP also takes --tp
+    # (start, __init__: dunder, not listed) and says its data rank and world (properties)
     own = {name: {k for k in vars(cls) if callable(getattr(cls, k)) and not k.startswith("__")}
            for name, cls in classes.items()}
     assert own == {"single": {"start", "gather", "barrier", "sum", "close"}, "ddp": {"wrap"},
-                   "fsdp": {"prepare", "state_dicts", "load_state_dicts"},
-                   "fsdp_tp": {"start", "prepare", "state_dicts", "load_state_dicts"}}
+                   "fsdp": {"prepare"}, "fsdp_tp": {"start", "prepare"}}
+    assert set(vars(strategy.Sharded)) >= {"state_dicts", "load_state_dicts"}
     assert [cls.keys_optimizer_by_name for cls in classes.values()] == [False, False, True, True]
     assert [cls.shards_parameters for cls in classes.values()] == [False, False, True, True]
     assert [cls.distributed for cls in classes.values()] == [False, True, True, True]
