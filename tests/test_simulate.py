@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from course_lib import trace
+from course_lib import recorded, trace
 from course_lib.distributed.costmodel import allreduce_time, ring_time
 from course_lib.distributed.ddp import assign_buckets
 from course_lib.loop import make_optimizer
@@ -26,10 +26,11 @@ from course_lib.simulate import (
     replay,
 )
 from course_lib.simulate.__main__ import check_strategy, main
+from course_lib.simulate.profiles import gpu_host_seconds
 from course_lib.simulate.record import _batch, _train_step, record_step
 
 TOY = Profile("toy", peak_flops=1e12, mem_GBps=100.0, gpus_per_node=8, intra=Link(1e-5, 10.0),
-              inter=Link(1e-4, 1.0), eff_flops=0.5, eff_bw=0.5, launch_s=2e-6)
+              inter=Link(1e-4, 1.0), eff_flops=0.5, eff_bw=0.5, host_s=2e-6)
 
 
 def toy_recording(world=2):
@@ -193,7 +194,7 @@ def test_calibrated_cpu_profile_replays_the_measured_single_step():
     single = record_single("net", batch=8, steps=1, time_ops=2)
     ops = [e for e in single.ranks[0].events if e.stream == "compute" and not e.view]
     assert all(e.measured_s > 0 for e in ops)
-    cpu = replace(TOY, launch_s=1e-6, view_s=0.0)
+    cpu = replace(TOY, host_s=1e-6, view_s=0.0)
     fitted = calibrate(cpu, single)
     assert replay(single, fitted).step_s == pytest.approx(single.measured_step_s, rel=1e-9)
     assert set(fitted.op_scale) <= {e.name for e in ops} and "aten.convolution" in fitted.op_scale
@@ -205,12 +206,44 @@ def test_calibrated_cpu_profile_replays_the_measured_single_step():
         calibrate(cpu, toy_recording())
 
 
-def test_launch_overhead_adds_on_a_cpu_and_hides_behind_long_kernels_on_a_gpu():
-    sync, queued = replace(TOY, launch_s=1e-3), replace(TOY, launch_s=1e-3, async_launch=True)
+def test_host_time_adds_on_a_cpu_and_runs_ahead_of_the_kernels_on_a_gpu():
+    sync, queued = replace(TOY, host_s=1e-3), replace(TOY, host_s=1e-3, async_launch=True)
     long_op = 1e12       # TOY: 5e11 FLOP/s effective, so 2 s
-    assert sync.op_seconds(long_op, 0) == pytest.approx(2.0 + 1e-3)
-    assert queued.op_seconds(long_op, 0) == pytest.approx(2.0)
-    assert queued.op_seconds(10.0, 0) == pytest.approx(1e-3)      # a tiny kernel: the launch is the cost
+    assert sync.op_seconds(long_op, 0) == pytest.approx(2.0 + 1e-3)          # a CPU issues, then computes
+    assert queued.op_seconds(long_op, 0) == pytest.approx(2.0) and queued.issue_seconds() == 1e-3
+    assert queued.op_seconds(10.0, 0, view=True) == queued.issue_seconds(view=True) == 0.0
+    assert replace(queued, kernel_min_s=5e-6).op_seconds(10.0, 0) == 5e-6      # no kernel is shorter
+
+
+def _kernels(*flops):
+    return Recording([RankTrace([Event("aten.mm", "forward", flops=f) for f in flops], [])], [], label="kernels")
+
+
+def test_a_gpu_step_of_tiny_kernels_is_host_bound_and_a_cuda_graph_removes_the_host():
+    gpu = replace(TOY, host_s=1e-3, async_launch=True)        # TOY: 5e11 FLOP/s effective
+    tiny = _kernels(*[5e5] * 10)                              # 10 kernels of 1 µs, each issued in 1 ms
+    p = replay(tiny, gpu)
+    assert p.step_s == pytest.approx(10 * 1e-3 + 1e-6) and p.host_s == pytest.approx(1e-2)   # last issue + last kernel
+    assert p.compute_s == pytest.approx(1e-5) and p.host_bound and p.exposed_comm_s == 0.0
+    graph = replay(tiny, replace(gpu, cuda_graph=True))
+    assert graph.step_s == pytest.approx(1e-5) and graph.host_s == 0.0 and not graph.host_bound
+    # one long kernel first: the host issues the next ones while it runs, so their host time hides behind it
+    mixed = replay(_kernels(1e10, *[5e5] * 3), gpu)           # 20 ms, then three 1 µs kernels issued by 4 ms
+    assert mixed.step_s == pytest.approx(1e-3 + 20e-3 + 3e-6) and not mixed.host_bound
+    with pytest.raises(ValueError, match="cuda_graph applies to a GPU profile"):
+        replay(tiny, replace(TOY, cuda_graph=True))
+
+
+def test_gpu_profiles_take_their_host_time_from_the_recorded_gpu_step():
+    host, source = gpu_host_seconds()
+    net = record_single("net", batch=64, steps=1)
+    kernels = sum(e.stream == "compute" and not e.view for e in net.ranks[0].events)
+    rate = recorded.values("04_single_gpu", "rates")["TensorLoader on device"]
+    assert host == pytest.approx(64 / rate / kernels) and "calibrated" in source and "H200" in source
+    for name in ("h100_node", "h200_node", "a100_node", "b200_node", "cloud_vm_25gbe"):
+        profile = get_profile(name)
+        assert profile.host_s == host and profile.async_launch and "host" in profile.source
+    assert replay(net, get_profile("h200_node")).step_s == pytest.approx(64 / rate, rel=0.02)   # calibrated on it
 
 
 def test_a_gpt_shaped_step_records_on_the_meta_device_as_flop_counter_counts_it():
@@ -243,7 +276,9 @@ def test_bench_simulate_reports_the_error_of_each_prediction(ddp_recording, monk
     result = bench.run(quick=True)
     assert [r["step"] for r in result.rows][:2] == ["BucketedDDP, Net, 2 gloo ranks", "BucketedDDP, Net, 4 gloo ranks"]
     assert result.rows[2]["error"] == "-25%" and result.summary["pipeline_bubble_measured"] == 0.3
-    assert "H200" in result.rows[3]["step"] and result.summary["gpu_host_us_per_op"] > 0     # lecture 04, recorded
+    assert "H200" in result.rows[3]["step"] and result.summary["gpu_host_us_per_kernel"] > 0     # lecture 04, recorded
+    assert "CUDA graph" in result.rows[4]["step"] and result.summary["gpu_cuda_graph_ms"] < result.summary["gpu_measured_ms"]
+    assert result.summary["gpu_host_bound"] and abs(result.summary["gpu_error"]) < 0.25
     for world in (2, 4):
         s = result.summary
         assert s[f"ddp{world}_error"] == pytest.approx(

@@ -13,13 +13,16 @@ fp32 gradients under autocast anyway).
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from .. import recorded
 from ..distributed.network import FABRICS, Fabric, Link
 from ..hardware import CHIPS
 from ..validate import one_of, positive_int, positive_number
@@ -35,9 +38,11 @@ class Profile:
     inter: Link                # ONE network card: α between nodes, GB/s per direction per card
     eff_flops: float = 0.6     # share of peak a real kernel reaches (assumption)
     eff_bw: float = 0.8        # share of memory bandwidth a real kernel reaches (assumption)
-    launch_s: float = 5e-6     # per op: eager-mode kernel launch (assumption: a few µs on a GPU)
-    async_launch: bool = False  # a GPU: the CPU queues kernels ahead, so an op takes max(kernel, launch)
-    view_s: float = 0.0        # per view/metadata op (no kernel on a GPU)
+    host_s: float = 5e-6       # per kernel: the host's work to issue it (Python, autograd, dispatcher, launch)
+    async_launch: bool = False  # a GPU: the host queues kernels ahead, so an op takes max(kernel, host)
+    view_s: float = 0.0        # per view/metadata op on a CPU (on a GPU: none, no kernel)
+    cuda_graph: bool = False   # a GPU step captured as one CUDA graph: replayed without per-op host cost
+    kernel_min_s: float = 0.0  # a kernel's shortest time on the device, however little it does
     source: str = ""
     op_scale: dict = field(default_factory=dict)   # op name -> measured / roofline time (`calibrate`)
     nics_per_node: int | None = None   # network cards per node; None: one per device, as on a DGX
@@ -49,14 +54,50 @@ class Profile:
                       self.inter, self.source)
 
     def op_seconds(self, flops: float, nbytes: float, view: bool = False, name: str = "") -> float:
-        """Roofline time of one op: max(compute, memory) x its calibrated factor, plus the launch overhead
-        (or, with async_launch, at least the launch overhead: the queue hides it behind longer kernels);
-        a view op costs view_s."""
+        """One op on the device: its roofline time, max(compute, memory) x its calibrated factor (a kernel at
+        least kernel_min_s). A CPU also issues it, in turn: + host_s (a view: view_s). On a GPU (async_launch)
+        the host's work runs on its own clock, ahead of the kernels (`issue_seconds`); a view launches nothing."""
         if view:
-            return self.view_s
+            return 0.0 if self.async_launch else self.view_s
         roof = max(flops / (self.peak_flops * self.eff_flops), nbytes / (self.mem_GBps * 1e9 * self.eff_bw))
-        roof *= self.op_scale.get(name, 1.0)
-        return max(roof, self.launch_s) if self.async_launch else roof + self.launch_s
+        roof = max(roof * self.op_scale.get(name, 1.0), self.kernel_min_s)
+        return roof if self.async_launch else roof + self.host_s
+
+    def issue_seconds(self, view: bool = False) -> float:
+        """A GPU's host time to issue one op: host_s per kernel (Python, autograd, dispatcher, launch). A kernel
+        cannot start before the host has issued it, nor before the one ahead ends, so a step of kernels shorter
+        than host_s is host-bound. 0 for a view, under cuda_graph (the whole step is one graph launch, a few
+        µs, not counted) and on a CPU (op_seconds counts it)."""
+        return 0.0 if view or self.cuda_graph or not self.async_launch else self.host_s
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_host_seconds() -> tuple[float, str]:
+    """(seconds of host work per kernel of an eager GPU step, where that figure comes from).
+
+    Calibrated on lecture 04's shipped GPU measurement: Net trained at batch 64 with the data on the GPU
+    (64 / images per second = one step), divided by the kernels of that step (`record_single("net")`: its
+    ops that are not views). That step is host-bound (its kernels take microseconds), so the quotient is the
+    host's work per kernel: Python, the nn.Module calls, autograd, the dispatcher, the launch. It depends on
+    the host CPU and the software, not on the GPU: every GPU profile uses it. Without the recording: 5 µs
+    (assumption)."""
+    from .record import record_single
+
+    record = recorded.load("04_single_gpu")
+    rate = (recorded.values("04_single_gpu", "rates") or {}).get("TensorLoader on device")
+    if not (record and rate):
+        return 5e-6, "host 5 µs per kernel (assumption: no GPU recording ships)"
+    kernels = sum(e.stream == "compute" and not e.view for e in record_single("net", batch=64, steps=1).ranks[0].events)
+    seconds = 64 / rate / kernels
+    return seconds, (f"host {seconds * 1e6:.0f} µs per kernel (calibrated: Net's step, batch 64, {1e3 * 64 / rate:.2f} ms "
+                     f"/ its {kernels} kernels, {recorded.label(record)})")
+
+
+def _gpu(profile: Profile) -> Profile:
+    """A GPU profile with the recorded host cost per op (gpu_host_seconds) and its source."""
+    host, source = gpu_host_seconds()
+    return replace(profile, host_s=host, async_launch=True, kernel_min_s=2e-6,
+                   source=f"{profile.source}; {source}; a kernel at least 2 µs (assumption)")
 
 
 def _chip(name: str):
@@ -74,39 +115,39 @@ def h100_node() -> Profile:
     via hardware.CHIPS); its network is network.FABRICS["DGX H100"]: NVLink4 450 GB/s per direction per GPU,
     8 InfiniBand NDR cards of 50 GB/s per direction (NVIDIA DGX H100 datasheet, 2023); α assumed."""
     chip = _chip("NVIDIA H100 SXM")
-    return Profile("h100_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, **_network("DGX H100"),
-                   source=f"{chip.source}; network.FABRICS['DGX H100']", async_launch=True)
+    return _gpu(Profile("h100_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, **_network("DGX H100"),
+                        source=f"{chip.source}; network.FABRICS['DGX H100']"))
 
 
 def h200_node() -> Profile:
     """HGX H200: as h100_node with H200 SXM chips (same 989 TFLOP/s bf16 dense; 141 GB HBM3e at 4.8 TB/s:
     NVIDIA H200 datasheet, 2024, via hardware.CHIPS) and the same network (DGX H200 = DGX H100's)."""
     chip = _chip("NVIDIA H200 SXM")
-    return replace(h100_node(), name="h200_node", peak_flops=chip.bf16_tflops * 1e12, mem_GBps=chip.bandwidth_gbs,
-                   source=f"{chip.source}; network.FABRICS['DGX H100']")
+    return _gpu(replace(h100_node(), name="h200_node", peak_flops=chip.bf16_tflops * 1e12, mem_GBps=chip.bandwidth_gbs,
+                        source=f"{chip.source}; network.FABRICS['DGX H100']"))
 
 
 def a100_node() -> Profile:
     """DGX A100: 8 x A100 80GB SXM, 312 TFLOP/s bf16 dense and 2,039 GB/s HBM2e (NVIDIA A100 datasheet,
     2021); network.FABRICS["DGX A100"]: NVLink3 300 GB/s per direction, 8 HDR cards of 25 GB/s per direction."""
-    return Profile("a100_node", 312e12, 2039.0, **_network("DGX A100"),
-                   source="NVIDIA A100 datasheet; network.FABRICS['DGX A100']", async_launch=True)
+    return _gpu(Profile("a100_node", 312e12, 2039.0, **_network("DGX A100"),
+                        source="NVIDIA A100 datasheet; network.FABRICS['DGX A100']"))
 
 
 def b200_node() -> Profile:
     """DGX B200: 8 x B200 (2,250 TFLOP/s bf16 dense, 8 TB/s HBM3e: NVIDIA DGX B200 datasheet, 2024, via
     hardware.CHIPS); network.FABRICS["DGX B200"]: NVLink5 900 GB/s per direction, 8 NDR cards of 50 GB/s."""
     chip = _chip("NVIDIA B200 (HGX)")
-    return Profile("b200_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, **_network("DGX B200"),
-                   source=f"{chip.source}; network.FABRICS['DGX B200']", async_launch=True)
+    return _gpu(Profile("b200_node", chip.bf16_tflops * 1e12, chip.bandwidth_gbs, **_network("DGX B200"),
+                        source=f"{chip.source}; network.FABRICS['DGX B200']"))
 
 
 def cloud_vm_25gbe() -> Profile:
     """One A100 40GB per VM (312 TFLOP/s bf16 dense, 1,555 GB/s HBM2: NVIDIA A100 datasheet, 2021), VMs
     joined by one 25 Gb/s Ethernet port each: network.FABRICS["cloud VMs, 25 GbE"] (3.125 GB/s per direction,
     α = 50 µs assumed for Ethernet with TCP)."""
-    return Profile("cloud_vm_25gbe", 312e12, 1555.0, **_network("cloud VMs, 25 GbE"),
-                   source="NVIDIA A100 datasheet; network.FABRICS['cloud VMs, 25 GbE']", async_launch=True)
+    return _gpu(Profile("cloud_vm_25gbe", 312e12, 1555.0, **_network("cloud VMs, 25 GbE"),
+                        source="NVIDIA A100 datasheet; network.FABRICS['cloud VMs, 25 GbE']"))
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -151,7 +192,7 @@ def cpu_this_machine(allreduce: dict | None = None, threads: int = 1, world_size
                                            positive_int("world_size", world_size))
     gloo = Link(alpha, 1 / beta / 1e9 if beta > 0 else float("inf"))
     return Profile("cpu_this_machine", gflops * 1e9, gbs, 1_000_000, gloo, gloo, eff_flops=1.0, eff_bw=1.0,
-                   launch_s=launch, view_s=view,
+                   host_s=launch, view_s=view,
                    source=f"measured here: {gflops:.0f} GFLOP/s (512x512 matmul, {threads} thread), {gbs:.1f} GB/s "
                           f"copy, {launch * 1e6:.1f} µs/op, gloo α={alpha * 1e6:.0f} µs, {gloo.GBps:.2f} GB/s")
 
@@ -170,7 +211,7 @@ def calibrate(profile: Profile, recording, ranks_per_core: float = 1.0) -> Profi
     if recording.world_size != 1 or not recording.measured_step_s or not any(e.measured_s for e in ops):
         raise ValueError("recording must be one process recorded with time_ops (record_single(time_ops=3)); "
                          f"got {recording.label!r}")
-    bare = replace(profile, launch_s=0.0, op_scale={})
+    bare = replace(profile, host_s=0.0, op_scale={})
     roof, measured = {}, {}
     for e in ops:
         roof[e.name] = roof.get(e.name, 0.0) + bare.op_seconds(e.flops, e.bytes)
@@ -183,7 +224,7 @@ def calibrate(profile: Profile, recording, ranks_per_core: float = 1.0) -> Profi
     scale = {n: measured[n] / roof[n] * k * max(ranks_per_core, 1.0) for n in roof if roof[n] > 0}
     launch = max(budget - total, 0.0) / len(ops) * max(ranks_per_core, 1.0)
     shared = f", x{ranks_per_core:g} for ranks sharing cores" if ranks_per_core > 1 else ""
-    return replace(profile, op_scale=scale, launch_s=launch,
+    return replace(profile, op_scale=scale, host_s=launch,
                    source=f"{profile.source}; calibrated on {recording.label} ({len(scale)} op kinds, "
                           f"{launch * 1e6:.1f} µs between ops{shared})")
 
@@ -211,4 +252,6 @@ def check_profile(profile: Profile) -> Profile:
         positive_number(f"profile.{name}", getattr(profile, name))
     positive_int("profile.gpus_per_node", profile.gpus_per_node)
     positive_int("profile.nics_per_node", profile.nics_per_node, allow_none=True)
+    if profile.cuda_graph and not profile.async_launch:
+        raise ValueError("profile.cuda_graph applies to a GPU profile (async_launch=True): a CPU has no CUDA graphs")
     return profile

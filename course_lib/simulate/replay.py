@@ -2,7 +2,10 @@
 
 Each device has a compute stream and a communication stream. Ops run one after another on the
 compute stream, each taking its roofline time (`Profile.op_seconds`: max(FLOPs / peak, bytes /
-bandwidth) with efficiency factors, + a per-op launch overhead). Collectives run one after another on
+bandwidth) with efficiency factors; a CPU adds its per-op host time). On a GPU the host issues the kernels
+on its own clock, `Profile.issue_seconds` each, running ahead of the GPU: a kernel starts once it is issued
+and the one before it has ended, so a step of kernels shorter than their host time is host-bound
+(`Prediction.host_s`), unless the profile replays it as one CUDA graph (`cuda_graph=True`). Collectives run one after another on
 the comm stream, each starting when its inputs are ready on EVERY rank (a collective is done
 together), taking `collective_seconds`: `network.collective_seconds` on the profile's fabric
 (`Profile.fabric`), the one network model of the course (lectures 05 and 08): NVLink inside a node,
@@ -46,16 +49,22 @@ class Prediction:
     step_s: float            # the slowest rank's last event
     compute_s: float         # busy time of the slowest rank's compute stream
     comm_s: float            # busy time of the comm stream
-    exposed_comm_s: float    # step_s - compute_s: compute idles, waiting for communication
+    exposed_comm_s: float    # the slowest rank's compute stream idle, waiting for communication
     mfu: float               # counted FLOPs per rank / (step_s * peak)
     world: int
     collectives: int
     timeline: trace.Timeline
+    host_s: float = 0.0      # the host's time to issue the slowest rank's kernels (a GPU; 0 on a CPU)
+
+    @property
+    def host_bound(self) -> bool:
+        """The host, not the device, sets the pace: issuing the kernels takes longer than running them."""
+        return self.host_s > self.compute_s
 
     def summary(self) -> dict:
         return {"world": self.world, "step_ms": self.step_s * 1e3, "compute_ms": self.compute_s * 1e3,
-                "comm_ms": self.comm_s * 1e3, "exposed_comm_ms": self.exposed_comm_s * 1e3, "mfu": self.mfu,
-                "collectives": self.collectives}
+                "host_ms": self.host_s * 1e3, "comm_ms": self.comm_s * 1e3,
+                "exposed_comm_ms": self.exposed_comm_s * 1e3, "mfu": self.mfu, "collectives": self.collectives}
 
 
 def rebucket(rank: RankTrace, params: list, bucket_mb: float, world: int) -> RankTrace:
@@ -109,8 +118,9 @@ def replay(recording: Recording, profile: Profile, world: int | None = None, buc
     times = [[_duration(e, profile, world, recording.world_size, algorithm, recording.sharded)
               for e in r.events]
              for r in ranks]
-    ends = _schedule([r.events for r in ranks], times)
-    return _prediction(recording, profile, world, ranks, times, ends, label)
+    issue = [[profile.issue_seconds(e.view) if e.stream == "compute" else 0.0 for e in r.events] for r in ranks]
+    ends, waits = _schedule([r.events for r in ranks], times, issue)
+    return _prediction(recording, profile, world, ranks, times, ends, waits, label, issue)
 
 
 def _duration(e: Event, profile, world, recorded_world, algorithm, sharded) -> float:
@@ -123,9 +133,13 @@ def _duration(e: Event, profile, world, recorded_world, algorithm, sharded) -> f
     return collective_seconds(e.name, e.bytes, group, profile, algorithm)
 
 
-def _schedule(ranks: list[list[Event]], times) -> list[list[float]]:
-    """End time of every event: streams in order, ops after their dependencies, collectives in lockstep."""
+def _schedule(ranks: list[list[Event]], times, issue=None) -> tuple[list[list[float]], list[float]]:
+    """End time of every event: streams in order, ops after their dependencies and after the host issued them
+    (`issue`: per event, the host's seconds, one after another on each rank's host), collectives in lockstep;
+    and per rank, how long its compute stream waited for a dependency (a collective) beyond stream and host."""
     n = len(ranks)
+    issue = issue or [[0.0] * len(evs) for evs in ranks]
+    host, waits = [0.0] * n, [0.0] * n
     ends = [[None] * len(evs) for evs in ranks]
     queues = [{s: [i for i, e in enumerate(evs) if e.stream == s] for s in ("compute", "comm")} for evs in ranks]
     free = [{"compute": 0.0, "comm": 0.0} for _ in ranks]
@@ -143,7 +157,9 @@ def _schedule(ranks: list[list[Event]], times) -> list[list[float]]:
             q = queues[r]["compute"]
             while q and (t := ready(r, q[0])) is not None:
                 i = q.pop(0)
-                ends[r][i] = max(t, free[r]["compute"]) + times[r][i]
+                host[r] += issue[r][i]                  # the host never waits for the device
+                waits[r] += max(t - max(free[r]["compute"], host[r]), 0.0)
+                ends[r][i] = max(t, free[r]["compute"], host[r]) + times[r][i]
                 free[r]["compute"] = ends[r][i]
                 moved = True
         heads = [(q["comm"][0], ready(r, q["comm"][0])) if q["comm"] else (None, None) for r, q in enumerate(queues)]
@@ -156,10 +172,10 @@ def _schedule(ranks: list[list[Event]], times) -> list[list[float]]:
             moved = True
         if not moved:
             raise RuntimeError("replay is stuck: an op waits for a collective that cannot start (bad dependencies)")
-    return ends
+    return ends, waits
 
 
-def _prediction(recording, profile, world, ranks, times, ends, label) -> Prediction:
+def _prediction(recording, profile, world, ranks, times, ends, waits, label, issue) -> Prediction:
     spans, rows, stats = [], [], []
     for r, (rt, ts, es) in enumerate(zip(ranks, times, ends)):
         name = f"rank {r}" + (f" of {world}" if world != len(ranks) else "")
@@ -169,12 +185,14 @@ def _prediction(recording, profile, world, ranks, times, ends, label) -> Predict
                 kind = "comm" if e.stream == "comm" else (e.phase if e.phase in trace.KINDS else "other")
                 spans.append(trace.Span(e.name, f"{name} · {e.stream}", (end - t) * 1e6, t * 1e6, kind))
         busy = {s: sum(t for e, t in zip(rt.events, ts) if e.stream == s) for s in ("compute", "comm")}
-        stats.append((max(es, default=0.0), busy["compute"], busy["comm"]))
-    step, compute, comm = max(stats)
+        last_compute = max((end for e, end in zip(rt.events, es) if e.stream == "compute"), default=0.0)
+        tail = max(es, default=0.0) - last_compute          # a collective still running after the last op
+        stats.append((max(es, default=0.0), busy["compute"], busy["comm"], sum(issue[r]), waits[r] + tail))
+    step, compute, comm, host, exposed = max(stats)
     mfu = recording.flops_per_rank() / (step * profile.peak_flops) if step > 0 else 0.0
     text = label or f"predicted: {recording.label} on {world} x {profile.name}"
-    return Prediction(step, compute, comm, max(step - compute, 0.0), mfu, world,
-                      sum(e.stream == "comm" for e in ranks[0].events), trace.Timeline(spans, text, 0, rows))
+    return Prediction(step, compute, comm, exposed, mfu, world,
+                      sum(e.stream == "comm" for e in ranks[0].events), trace.Timeline(spans, text, 0, rows), host)
 
 
 def sweep(recording: Recording, profile: Profile, worlds=(1, 8, 64, 512), **kwargs) -> list[dict]:
