@@ -21,7 +21,7 @@ from course_lib.simulate.record import Event, Recorder
 
 FREE = Link(0.0, float("inf"))            # a message costs nothing
 CLOCK = Profile("clock", peak_flops=1e12, mem_GBps=1e3, gpus_per_node=8, intra=FREE, inter=FREE,
-                eff_flops=1.0, eff_bw=1.0, launch_s=0.0)     # an op of 1e9 FLOPs takes 1 ms
+                eff_flops=1.0, eff_bw=1.0, host_s=0.0)     # an op of 1e9 FLOPs takes 1 ms
 
 
 def equal_stages(K, tf=1e-3, tb=2e-3, t_opt=5e-4, nbytes=1e6) -> RecordedPipeline:
