@@ -104,9 +104,10 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
     precision: "32", "bf16" or "16" (`course_lib.precision`): autocast for the forward and loss;
     `scaler` (a GradScaler, fp16) scales the loss and skips steps whose gradients overflowed.
     `scheduler` advances after every optimizer step taken, not after a step the scaler skipped.
+    history.step_loss gets this epoch's step losses at the end of the epoch, all at once (see below).
     """
     model.train()
-    total, seen = 0.0, 0
+    losses, sizes = [], []     # per step: the loss, detached, where it was computed; the batch size
     batches = itertools.islice(loader, skip_batches, None)
     # A DataLoader over an IterableDataset (a ShardStream) may not know its length: no total then.
     try:
@@ -139,14 +140,19 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
             stepped = scaler.get_scale() >= scale   # a skipped step halved the scale
         if scheduler is not None and stepped:
             scheduler.step()
-        value = loss.item()
-        total += value * len(y)
-        seen += len(y)
-        if history is not None:
-            history.step_loss.append(value)
+        # No loss.item() here: on a GPU it makes the host wait until this step's kernels have run, so it
+        # cannot queue the next step's launches ahead, and a small model's step becomes launch-bound
+        # (course_lib.simulate's host_s). The losses stay on the device and cross once, after the loop.
+        # (fp16's GradScaler above still reads its scale every step: the skipped-step check needs it.)
+        losses.append(loss.detach())                 # no kernel, no copy
+        sizes.append(len(y))
         if on_step_end is not None:
             on_step_end(i)
-    return total / max(seen, 1), seen
+    values = torch.stack(losses).reshape(len(losses)).float().tolist() if losses else []   # one copy to the host
+    if history is not None:
+        history.step_loss.extend(values)
+    seen = sum(sizes)
+    return sum(v * n for v, n in zip(values, sizes)) / max(seen, 1), seen
 
 
 def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, optimizer=None,

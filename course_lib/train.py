@@ -4,6 +4,7 @@
     python -m course_lib.train --model lenet300 --epochs 3 --json
     python -m course_lib.train --precision bf16 --json          # bf16 autocast; 16 = fp16 + GradScaler (CUDA)
     python -m course_lib.train --device cuda --batch-size 512 --lr 0.02   # fastest on a GPU (bench gpu-fast)
+    python -m course_lib.train --device cuda --batch-size 512 --lr 0.02 --compile-mode reduce-overhead  # CUDA graphs
     python -m course_lib.train --checkpoint-dir runs/a --resume   # continue after a crash
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m course_lib.train --strategy ddp --json
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 4 -m course_lib.train --model vit --strategy fsdp_tp --tp 2
@@ -48,6 +49,16 @@ ranks of one tensor-parallel group load the same batch (the loader's rank and wo
 strategy's data_rank and data_world_size); images_per_second and global_batch_size count each
 batch once. Checkpoints as fsdp's: full state dicts.
 
+--compile-mode (implies --compile) is torch.compile's `mode`: "reduce-overhead" adds CUDA graphs to
+Inductor ("max-autotune" too, and tunes kernels). An eager step of a small model is host-bound (the host
+issues each kernel slower than the GPU runs it: `simulate.profiles.gpu_host_seconds`); a graph replays
+them with one launch. Captured: the model's forward and, through AOTAutograd, its backward (CUDAGraph
+Trees: recorded on the second call per batch shape, replayed after). The loss, zero_grad, the optimizer
+and the scheduler stay eager; a graph that mutates an input runs without CUDA graphs (TORCH_LOGS=perf_hints
+lists skips; Net has no buffers). Sources: torch.compile's docstring (2.14.1) and the PyTorch docs'
+CUDAGraph Trees page. Off CUDA both modes fall back to "default" with one note (`compile_mode_for`); the
+summary's compile_mode is the mode used. Not yet measured on a GPU.
+
 Fault tolerance: --checkpoint-every N writes DIR/last.pt atomically every N optimizer steps
 (model, optimizer, scheduler, every rank's RNG, epoch, step); --resume continues from it, mid-
 epoch, skipping the batches already done; under `torchrun --max-restarts K` a group that lost a
@@ -69,6 +80,7 @@ from .precision import PRECISIONS, check_precision, grad_scaler
 from .strategy import STRATEGIES, setup_strategy
 
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")    # torch.compile's; the last two record CUDA graphs
 
 
 def _positive(kind):
@@ -118,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (Inductor: Triton kernels on CUDA, C++ on the CPU); the first "
                         "epoch's time includes compiling, once per batch shape")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default=None,
+                   help="torch.compile's mode; implies --compile. reduce-overhead: CUDA graphs, the model's forward "
+                        "and backward replayed without a host launch per kernel; max-autotune: CUDA graphs and "
+                        "tuned kernels (long compile). Both need CUDA: elsewhere they fall back to default, with "
+                        "a note. --compile alone: default")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
@@ -135,6 +152,22 @@ def resolve_memory_format(name: str, model: nn.Module, shards_parameters: bool =
         has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
         name = "channels_last" if has_conv and not shards_parameters else "contiguous"
     return torch.channels_last if name == "channels_last" else torch.contiguous_format
+
+
+def compile_mode_for(device, mode: str) -> tuple[str, str | None]:
+    """(the torch.compile mode to use on `device`, a note saying why when it is not `mode`).
+
+    reduce-overhead and max-autotune record CUDA graphs, which only CUDA has: on any other device both
+    become "default" (on a CPU Inductor would skip the graphs anyway; max-autotune's kernel tuning would
+    only lengthen a compile that already dwarfs a short run). device: a torch.device or its name.
+    """
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile_mode must be one of {COMPILE_MODES}; got {mode!r}")
+    device = torch.device(device)
+    if mode == "default" or device.type == "cuda":
+        return mode, None
+    return "default", (f"--compile-mode {mode} records CUDA graphs, which need a CUDA device; on {device} "
+                       "torch.compile runs with mode 'default' instead")
 
 
 def run(args: argparse.Namespace, on_step_end=None) -> dict:
@@ -217,7 +250,12 @@ def _train(args, strategy, on_step_end=None) -> dict:
         log(f"training {args.model} ({count_parameters(model):,} parameters) on {device}, "
             f"{train_loader.dataset_size:,} training images, epochs {start + 1}..{args.epochs}"
             + (f", {info.world_size} ranks x batch {args.batch_size}" if strategy.distributed else ""))
-    trained = torch.compile(strategy.wrap(model)) if args.compile else strategy.wrap(model)
+    trained, compile_mode, compile_note = strategy.wrap(model), None, None
+    if args.compile or args.compile_mode:
+        compile_mode, compile_note = compile_mode_for(device, args.compile_mode or "default")
+        if log and compile_note:
+            log(f"note: {compile_note}")
+        trained = torch.compile(trained, mode=compile_mode)
     history = fit(trained, train_loader, test_loader, epochs=max(args.epochs - start, 0),
                   optimizer=optimizer, device=device, scheduler=scheduler, log=log,
                   progress=not args.no_progress and info.is_main, start_epoch=start, skip_batches=skip,
@@ -232,7 +270,8 @@ def _train(args, strategy, on_step_end=None) -> dict:
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),
             "strategy": args.strategy, "precision": args.precision, "world_size": info.world_size,
             "memory_format": "channels_last" if memory_format is torch.channels_last else "contiguous",   # as the flag
-            "compile": args.compile, "epochs": args.epochs, "epochs_run": len(history.train_loss),
+            "compile": compile_mode is not None, "compile_mode": compile_mode, "compile_note": compile_note,
+            "epochs": args.epochs, "epochs_run": len(history.train_loss),
             "batch_size": args.batch_size, "global_batch_size": args.batch_size * strategy.data_world_size, "lr": args.lr, "optimizer": args.optimizer,
             "seed": args.seed, "train_samples": train_loader.dataset_size, "test_samples": test_loader.dataset_size,
             "test_loss": round(test_loss, 6), "test_accuracy": round(test_acc, 6),

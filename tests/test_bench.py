@@ -154,7 +154,8 @@ def test_lectures_clock_without_notebooks_says_where_it_looked(tmp_path):
 @pytest.mark.slow
 @needs_mnist
 def test_gpu_fast_benchmark_quick_on_any_device(capsys):
-    """On a CPU the recipe runs without its compile row; each row is one epoch on 1,000 images."""
+    """On a CPU the recipe runs without its two compile rows (compile, CUDA graphs); each row is one epoch on
+    1,000 images."""
     assert bench.main(["gpu-fast", "--quick", "--json"]) == 0
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
@@ -162,16 +163,22 @@ def test_gpu_fast_benchmark_quick_on_any_device(capsys):
     assert summary["data"].startswith("1,000 of the ")
     assert summary["speedup"] > 0 and 0.1 < summary["recipe_test_accuracy"] <= 1
     expected_rows = ["defaults", "batch 512", "+ bf16", "+ bf16, NCHW"]
-    expected_rows += ["+ compile"] if torch.cuda.is_available() else []
+    compiled = ["+ compile", "+ CUDA graphs"]
+    expected_rows += compiled if torch.cuda.is_available() else []
     assert summary["fastest_row"] in expected_rows and set(summary["seconds_to_target"]) == set(expected_rows)
-    assert summary["recipe"] == gpu_fast.recipe_command(summary["fastest_row"])
+    assert summary["recipe"] == gpu_fast.recipe_command(summary["fastest_row"]) and summary["target"] == 0.985
     for row in expected_rows:
         assert f"== {row}:" in out
+    if not torch.cuda.is_available():
+        assert all(f"== {row}: skipped" in out for row in compiled)
 
 
 def test_the_recipe_command_of_each_row_has_its_flags_and_no_trailing_space():
     assert gpu_fast.recipe_command("defaults") == "python -m course_lib.train"     # the fastest on a busy CPU
     assert gpu_fast.recipe_command("batch 512") == "python -m course_lib.train " + " ".join(gpu_fast.RECIPE[:4])
+    assert list(gpu_fast.ROWS)[-1] == "+ CUDA graphs"                                 # the last lever
+    assert gpu_fast.recipe_command("+ CUDA graphs").endswith("--compile --compile-mode reduce-overhead")
+    assert gpu_fast.recipe_command("+ CUDA graphs").startswith(gpu_fast.recipe_command("+ compile"))
 
 
 def test_seconds_to_target_counts_training_time_up_to_the_first_epoch_that_reached_it():

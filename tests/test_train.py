@@ -104,6 +104,7 @@ def cli(*args, env_extra=None, timeout=300):
     (["--batch-size", "0"], "--batch-size: must be > 0"),
     (["--optimizer", "lion"], "--optimizer: invalid choice"),
     (["--memory-format", "nhwc"], "--memory-format: invalid choice"),
+    (["--compile-mode", "fast"], "--compile-mode: invalid choice"),
 ])
 def test_cli_refuses_bad_arguments_by_name(args, message, capsys):
     """In this process: main parses before it does anything (test_cli_cuda_without_gpu_is_a_clear_error runs the
@@ -222,14 +223,103 @@ def test_compile_trains_the_compiled_model(monkeypatch):
     """--compile hands fit the torch.compile'd model (compiling itself is torch's; timed by bench gpu-fast)."""
     compiled = []
 
-    def fake_compile(model):
-        compiled.append(model)
+    def fake_compile(model, mode=None):
+        compiled.append(mode)
         return model
     monkeypatch.setattr(train.torch, "compile", fake_compile)
     args = ["--epochs", "1", "--train-subset", "256", "--no-progress", "--model", "lenet300"]
-    assert train.run(train.build_parser().parse_args(args))["compile"] is False and not compiled
+    summary = train.run(train.build_parser().parse_args(args))
+    assert summary["compile"] is False and summary["compile_mode"] is None and not compiled
     summary = train.run(train.build_parser().parse_args(args + ["--compile"]))
-    assert summary["compile"] is True and len(compiled) == 1 and summary["epochs_run"] == 1
+    assert summary["compile"] is True and compiled == ["default"] and summary["epochs_run"] == 1
+    assert summary["compile_mode"] == "default" and summary["compile_note"] is None
+
+
+def test_compile_mode_records_cuda_graphs_on_cuda_and_falls_back_with_a_note_elsewhere():
+    """The decision alone, on device objects: torch.device("cuda") needs no GPU to exist."""
+    assert train.compile_mode_for(torch.device("cuda"), "reduce-overhead") == ("reduce-overhead", None)
+    assert train.compile_mode_for("cuda:1", "max-autotune") == ("max-autotune", None)
+    for device in ("cpu", torch.device("mps")):
+        for mode in ("reduce-overhead", "max-autotune"):
+            used, note = train.compile_mode_for(device, mode)
+            assert used == "default" and f"--compile-mode {mode}" in note and "CUDA" in note
+    assert train.compile_mode_for("cpu", "default") == ("default", None)
+    with pytest.raises(ValueError, match="compile_mode must be one of"):
+        train.compile_mode_for("cuda", "fast")
+
+
+@needs_mnist
+@pytest.mark.parametrize("on_cuda", [False, True])
+def test_compile_mode_reaches_torch_compile_and_the_summary(monkeypatch, capsys, on_cuda):
+    """--compile-mode reduce-overhead implies --compile; what torch.compile gets is compile_mode_for's answer:
+    on this CPU "default" and one note; with the decision made as on a CUDA device (on_cuda), the CUDA-graph
+    mode and no note. torch.compile is replaced (Inductor's cold compile of Net takes tens of seconds here:
+    test_cli_compile_mode_on_a_cpu_compiles_with_the_default_mode runs it for real)."""
+    compiled = []
+    monkeypatch.setattr(train.torch, "compile", lambda model, mode=None: compiled.append(mode) or model)
+    if on_cuda:
+        real = train.compile_mode_for
+        monkeypatch.setattr(train, "compile_mode_for", lambda device, mode: real(torch.device("cuda"), mode))
+    args = ["--epochs", "1", "--train-subset", "256", "--no-progress", "--model", "lenet300",
+            "--compile-mode", "reduce-overhead"]
+    summary = train.run(train.build_parser().parse_args(args))
+    used = "reduce-overhead" if on_cuda else "default"
+    assert compiled == [used] and summary["compile"] is True and summary["compile_mode"] == used
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    if on_cuda:
+        assert notes == [] and summary["compile_note"] is None
+    else:
+        assert notes == [f"note: {summary['compile_note']}"] and "CUDA" in summary["compile_note"]
+
+
+@pytest.mark.slow
+@needs_mnist
+def test_cli_compile_mode_on_a_cpu_compiles_with_the_default_mode():
+    """The real thing on this CPU: Inductor compiles Net (mode default), trains 1 epoch, says why not CUDA graphs."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: there reduce-overhead records CUDA graphs (bench gpu-fast times it)")
+    result = cli("--epochs", "1", "--train-subset", "256", "--no-progress", "--json", "--compile-mode",
+                 "reduce-overhead")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["compile"] is True and summary["compile_mode"] == "default" and summary["epochs_run"] == 1
+    assert result.stdout.count("note: ") == 1 and f"note: {summary['compile_note']}" in result.stdout
+
+
+def test_train_epoch_reads_the_loss_on_the_host_once_per_epoch_not_once_per_step(monkeypatch):
+    """No host sync inside the step (on a GPU, .item() waits for the step's kernels): Tensor.item is counted
+    during one epoch of 11 steps. The losses are the ones a loop that calls .item() every step records, bit
+    for bit. SGD: Adam reads its step counter with .item() itself (a CPU tensor: no wait for the device)."""
+    x, y = blobs()
+
+    def epoch(history=None, reference=False):
+        seed_everything(0)
+        model = tiny_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = TensorLoader(x, y, batch_size=48, seed=0)       # 512 = 10 x 48 + 32: a smaller last batch
+        if not reference:
+            return loop.train_epoch(model, loader, opt, "cpu", history=history, progress=False)
+        values, sizes = [], []
+        for xb, yb in loader:                                     # the loop as it was: .item() every step
+            opt.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            values.append(loss.item())
+            sizes.append(len(yb))
+        return values, sum(v * n for v, n in zip(values, sizes)) / sum(sizes)
+
+    calls = []
+    item = torch.Tensor.item
+    history = History()
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: calls.append(1) or item(self))
+    mean, seen = epoch(history)
+    monkeypatch.undo()
+    assert len(history.step_loss) == 11 and seen == 512
+    assert len(calls) <= 1, f"{len(calls)} .item() calls in an epoch of 11 steps"
+    assert all(type(v) is float for v in history.step_loss)
+    values, expected_mean = epoch(reference=True)
+    assert history.step_loss == values and mean == expected_mean
 
 
 @pytest.mark.slow
