@@ -148,7 +148,7 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
         sizes.append(len(y))
         if on_step_end is not None:
             on_step_end(i)
-    values = torch.stack(losses).reshape(len(losses)).float().tolist() if losses else []   # one copy to the host
+    values = torch.stack(losses).float().tolist() if losses else []   # one copy to the host
     if history is not None:
         history.step_loss.extend(values)
     seen = sum(sizes)

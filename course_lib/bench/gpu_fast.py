@@ -19,12 +19,12 @@ device (`TensorLoader(device=...)`: no copy per step) and run Net in channels_la
 
 The training loop reads no loss with .item() per step (`loop.train_epoch`), so the host is never made
 to wait for the GPU inside an epoch and can queue launches ahead; where a step is still host-bound
-(`simulate.profiles.gpu_host_seconds`: 33 µs of host work per kernel, calibrated on lecture 04's recorded
+(`simulate.profiles.gpu_host_seconds`: the host work per kernel, calibrated on lecture 04's recorded
 H200 step of Net at batch 64), the CUDA-graph row removes that cost for the compiled part. Not yet
 measured on a GPU: no device was lent when the row was added.
 
 "s to target" is the training time (compile included, evaluation excluded) until the test
-accuracy first reached TARGET (98.5%, issue 32's bar), measured after each epoch; each compile
+accuracy first reached TARGET (98.5%), measured after each epoch; each compile
 row starts with dynamo's in-memory cache emptied (`torch._dynamo.reset`), so it compiles for itself
 (Inductor's on-disk cache, warm from an earlier run, can still shorten that). The recipe is the row
 that got there first, or, where none did, the one that trained fastest: measured, not assumed (for a model as

@@ -25,6 +25,9 @@ of the host's work that is not Python and autograd.
 """
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 from .. import recorded
 from ..simulate import (
     calibrate,
@@ -78,9 +81,6 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
 def _recorded_gpu(summary: dict) -> list:
     """Lecture 04's recorded H200 rate of Net against Net's step replayed on h200_node, eager and as a CUDA
     graph; [] without it."""
-    import re
-    from dataclasses import replace
-
     gpu = recorded.load("04_single_gpu")
     rate = (recorded.values("04_single_gpu", "rates") or {}).get("TensorLoader on device")
     if not (gpu and rate):

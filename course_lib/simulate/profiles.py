@@ -39,7 +39,7 @@ class Profile:
     eff_flops: float = 0.6     # share of peak a real kernel reaches (assumption)
     eff_bw: float = 0.8        # share of memory bandwidth a real kernel reaches (assumption)
     host_s: float = 5e-6       # per kernel: the host's work to issue it (Python, autograd, dispatcher, launch)
-    async_launch: bool = False  # a GPU: the host queues kernels ahead, so an op takes max(kernel, host)
+    async_launch: bool = False  # a GPU: the host issues kernels ahead of the device (`issue_seconds`)
     view_s: float = 0.0        # per view/metadata op on a CPU (on a GPU: none, no kernel)
     cuda_graph: bool = False   # a GPU step captured as one CUDA graph: replayed without per-op host cost
     kernel_min_s: float = 0.0  # a kernel's shortest time on the device, however little it does

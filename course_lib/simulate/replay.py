@@ -2,11 +2,11 @@
 
 Each device has a compute stream and a communication stream. Ops run one after another on the
 compute stream, each taking its roofline time (`Profile.op_seconds`: max(FLOPs / peak, bytes /
-bandwidth) with efficiency factors; a CPU adds its per-op host time). On a GPU the host issues the kernels
-on its own clock, `Profile.issue_seconds` each, running ahead of the GPU: a kernel starts once it is issued
-and the one before it has ended, so a step of kernels shorter than their host time is host-bound
-(`Prediction.host_s`), unless the profile replays it as one CUDA graph (`cuda_graph=True`). Collectives run one after another on
-the comm stream, each starting when its inputs are ready on EVERY rank (a collective is done
+bandwidth) with efficiency factors; a CPU adds its per-op host time). On a GPU the host issues the
+kernels on its own clock, `Profile.issue_seconds` each, running ahead of the GPU: a kernel starts once it
+is issued and the one before it has ended, so a step of kernels shorter than their host time is
+host-bound (`Prediction.host_s`), unless the profile replays it as one CUDA graph (`cuda_graph=True`).
+Collectives run one after another on the comm stream, each starting when its inputs are ready on EVERY rank (a collective is done
 together), taking `collective_seconds`: `network.collective_seconds` on the profile's fabric
 (`Profile.fabric`), the one network model of the course (lectures 05 and 08): NVLink inside a node,
 every network card of the node between nodes, with `algorithm` one of network.ALGORITHMS ("auto":
@@ -133,12 +133,11 @@ def _duration(e: Event, profile, world, recorded_world, algorithm, sharded) -> f
     return collective_seconds(e.name, e.bytes, group, profile, algorithm)
 
 
-def _schedule(ranks: list[list[Event]], times, issue=None) -> tuple[list[list[float]], list[float]]:
+def _schedule(ranks: list[list[Event]], times, issue) -> tuple[list[list[float]], list[float]]:
     """End time of every event: streams in order, ops after their dependencies and after the host issued them
     (`issue`: per event, the host's seconds, one after another on each rank's host), collectives in lockstep;
     and per rank, how long its compute stream waited for a dependency (a collective) beyond stream and host."""
     n = len(ranks)
-    issue = issue or [[0.0] * len(evs) for evs in ranks]
     host, waits = [0.0] * n, [0.0] * n
     ends = [[None] * len(evs) for evs in ranks]
     queues = [{s: [i for i, e in enumerate(evs) if e.stream == s] for s in ("compute", "comm")} for evs in ranks]
