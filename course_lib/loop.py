@@ -76,22 +76,31 @@ def _to(batch, device):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device=None) -> tuple[float, float]:
-    """(mean cross-entropy loss, accuracy in [0, 1]) of `model` over `loader`."""
+def evaluate(model: nn.Module, loader, device=None, reduce=None) -> tuple[float, float]:
+    """(mean cross-entropy loss, accuracy in [0, 1]) of `model` over `loader`.
+
+    Batches are (x, y) or (x, y, weight) with weight 1 for a sample that counts and 0 for padding
+    (`rank_data.EvalShardLoader`). `reduce(totals)` adds the float64 tensor [loss sum, hits, samples] over
+    the ranks that each scored a part (`Strategy.sum_over_data`); the totals stay on the device until the end
+    (one host transfer per evaluation, not two per batch).
+    """
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total_loss, correct, seen = 0.0, 0, 0
-    for x, y in loader:
-        x, y = _to((x, y), device)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    for batch in loader:
+        x, y, *weight = _to(tuple(batch), device)
         logits = model(x)
-        total_loss += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += (logits.argmax(1) == y).sum().item()
-        seen += len(y)
+        w = weight[0].to(torch.float64) if weight else torch.ones(len(y), dtype=torch.float64, device=device)
+        totals += torch.stack([(F.cross_entropy(logits, y, reduction="none").double() * w).sum(),
+                               ((logits.argmax(1) == y).double() * w).sum(), w.sum()])
     model.train(was_training)
+    if reduce is not None:
+        totals = reduce(totals)
+    loss, correct, seen = totals.tolist()
     if seen == 0:
         raise ValueError("evaluate got an empty loader")
-    return total_loss / seen, correct / seen
+    return loss / seen, correct / seen
 
 
 def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, scheduler=None,
@@ -158,7 +167,7 @@ def train_epoch(model, loader, optimizer, device, loss_fn=F.cross_entropy, sched
 def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, optimizer=None,
         lr: float = 1e-3, device=None, loss_fn=F.cross_entropy, scheduler=None, progress: bool = True,
         log=print, start_epoch: int = 0, on_epoch_end=None, skip_batches: int = 0, on_step_end=None,
-        precision: str = "32", scaler=None) -> History:
+        precision: str = "32", scaler=None, val_reduce=None) -> History:
     """Train `model` for `epochs` passes over `train_loader`; evaluate on `val_loader` each epoch.
 
     optimizer defaults to Adam(lr). `scheduler` is stepped after every optimizer step taken (an
@@ -171,6 +180,7 @@ def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, opt
     only). The parameters stay fp32 (the master weights); evaluation runs in fp32.
     scaler: the GradScaler to use; "16" makes one when None. Pass your own to checkpoint its state
     (the current scale and its growth counter), so a resumed run scales as the interrupted one would.
+    val_reduce: adds evaluate's sums over ranks that each score a part of `val_loader` (see evaluate).
     """
     non_negative_int("epochs", epochs)
     non_negative_int("skip_batches", skip_batches)
@@ -203,7 +213,7 @@ def fit(model: nn.Module, train_loader, val_loader=None, *, epochs: int = 1, opt
         history.images_per_second.append(seen / seconds)
         line = f"epoch {epoch + 1}: train loss {loss:.4f}, {seen / seconds:,.0f} images/s"
         if val_loader is not None:
-            vloss, vacc = evaluate(model, val_loader, device)
+            vloss, vacc = evaluate(model, val_loader, device, val_reduce)
             history.val_loss.append(vloss)
             history.val_accuracy.append(vacc)
             line += f", val loss {vloss:.4f}, val accuracy {100 * vacc:.2f}%"

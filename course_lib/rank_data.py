@@ -9,6 +9,11 @@ multiple of world_size, and rank r takes every world_size-th index from r. Paddi
 the same number of batches: a rank with one batch fewer would wait forever in an all-reduce.
 With world_size 1 this is `course_lib.data.TensorLoader`'s order exactly, so the training script
 uses one loader for every strategy. Lecture 07 teaches `shard_indices` (as `distributed.ddp`'s).
+
+Evaluation is split too (`EvalShardLoader`): each data rank scores a contiguous 1/world_size of the test set and
+the sums (loss, correct, seen) are added over the ranks, so N ranks evaluate N times faster than each scoring all
+of it. Every rank runs the same number of forward passes (DDP's and FSDP's forwards are collectives): the short
+last block is padded with copies of its first sample that carry weight 0.
 """
 from __future__ import annotations
 
@@ -75,3 +80,35 @@ class ShardedTensorLoader:
         for b in range(len(self)):
             idx = order[b * self.batch_size:(b + 1) * self.batch_size]
             yield tuple(t[idx] for t in self.tensors)
+
+
+class EvalShardLoader:
+    """This data rank's contiguous block of a test set, in order, as (x, y, weight) batches; weight is 1.0 for
+    the rank's own samples and 0.0 for padding. Every rank yields len() batches of `batch_size` rows or fewer,
+    the same count on every rank; the blocks of all ranks together hold each sample exactly once with weight 1.
+
+    `dataset_size` is the whole test set's size; `course_lib.loop.evaluate` sums the weighted loss and hits.
+    """
+
+    def __init__(self, *tensors: torch.Tensor, batch_size: int = 1000, rank: int = 0, world_size: int = 1):
+        if not tensors or any(len(t) != len(tensors[0]) for t in tensors):
+            raise ValueError("EvalShardLoader needs one or more tensors of the same length")
+        positive_int("batch_size", batch_size)
+        _check_rank(rank, world_size)
+        self.tensors, self.batch_size, self.rank, self.world_size = tensors, batch_size, rank, world_size
+        self.dataset_size = len(tensors[0])
+        self.per_rank = -(-self.dataset_size // world_size)
+        self.start = min(rank * self.per_rank, self.dataset_size)
+        self.own = min(self.per_rank, self.dataset_size - self.start)     # 0 where n < world_size
+
+    def __len__(self) -> int:
+        return -(-self.per_rank // self.batch_size)
+
+    def __iter__(self):
+        device = self.tensors[0].device
+        for b in range(len(self)):
+            lo, hi = b * self.batch_size, min((b + 1) * self.batch_size, self.per_rank)
+            idx = torch.arange(lo, hi, device=device)
+            weight = (idx < self.own).to(torch.float32)
+            idx = torch.where(idx < self.own, self.start + idx, torch.zeros_like(idx)).clamp_(max=self.dataset_size - 1)
+            yield (*(t[idx] for t in self.tensors), weight)

@@ -105,6 +105,13 @@ class Strategy:
         dist.all_reduce(t)
         return t.item()
 
+    def sum_over_data(self, totals: torch.Tensor) -> torch.Tensor:
+        """`totals` summed over the data shards: every rank's, counting once each group of ranks that share a
+        data rank (fsdp_tp's tensor-parallel ranks hold equal totals for the same batches)."""
+        totals = totals.clone()
+        dist.all_reduce(totals)
+        return totals / (self.info.world_size // self.data_world_size)
+
     def close(self) -> None:
         """Leave the process group."""
         if dist.is_initialized():
@@ -132,6 +139,9 @@ class Single(Strategy):
 
     def sum(self, value):
         return value
+
+    def sum_over_data(self, totals):
+        return totals
 
     def close(self):
         pass

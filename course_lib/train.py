@@ -192,10 +192,11 @@ def run(args: argparse.Namespace, on_step_end=None) -> dict:
 
 
 def _loaders(args, strategy):
-    """(train loader, test loader): each data rank gets its own shard of the training set (one process: all
-    of it); ranks that share a batch (fsdp_tp's tensor-parallel groups) share a data rank."""
+    """(train loader, test loader): each data rank gets its own shard of the training set and scores its own
+    block of the test set (one process: all of it); ranks that share a batch (fsdp_tp's tensor-parallel groups)
+    share a data rank."""
     from .data import load_tensors, mnist_loaders
-    from .rank_data import ShardedTensorLoader
+    from .rank_data import EvalShardLoader, ShardedTensorLoader
 
     info = strategy.info
     if strategy.distributed:
@@ -209,6 +210,8 @@ def _loaders(args, strategy):
                          f"({train_loader.dataset_size:,} images); pass at most {train_loader.dataset_size:,}")
     train_loader = ShardedTensorLoader(*train_loader.tensors, batch_size=args.batch_size, rank=strategy.data_rank,
                                        world_size=strategy.data_world_size, seed=args.seed)   # 1: TensorLoader's order
+    test_loader = EvalShardLoader(*test_loader.tensors, batch_size=test_loader.batch_size, rank=strategy.data_rank,
+                                  world_size=strategy.data_world_size)    # each data rank scores its part
     return train_loader, test_loader
 
 
@@ -260,11 +263,11 @@ def _train(args, strategy, on_step_end=None) -> dict:
                   optimizer=optimizer, device=device, scheduler=scheduler, log=log,
                   progress=not args.no_progress and info.is_main, start_epoch=start, skip_batches=skip,
                   on_step_end=step_end, on_epoch_end=ckpt.on_epoch_end if ckpt else None,
-                  precision=args.precision, scaler=scaler)
+                  precision=args.precision, scaler=scaler, val_reduce=strategy.sum_over_data)
     if history.val_loss:     # fit evaluated the final weights after its last epoch: not a second pass
         test_loss, test_acc = history.val_loss[-1], history.val_accuracy[-1]
     else:                    # resumed at the end: no epoch ran
-        test_loss, test_acc = evaluate(model, test_loader, device)
+        test_loss, test_acc = evaluate(model, test_loader, device, strategy.sum_over_data)
     # the whole job: the sum over ranks, each batch once (fsdp_tp: tp ranks train on one batch)
     images_per_second = strategy.sum(history.mean_images_per_second) * strategy.data_world_size / info.world_size
     return {"model": args.model, "parameters": count_parameters(model), "device": str(device),

@@ -24,7 +24,7 @@ def test_strategies_are_siblings_of_one_base():
     # (start, __init__: dunder, not listed) and says its data rank and world (properties)
     own = {name: {k for k in vars(cls) if callable(getattr(cls, k)) and not k.startswith("__")}
            for name, cls in classes.items()}
-    assert own == {"single": {"start", "gather", "barrier", "sum", "close"}, "ddp": {"wrap"},
+    assert own == {"single": {"start", "gather", "barrier", "sum", "sum_over_data", "close"}, "ddp": {"wrap"},
                    "fsdp": {"prepare"}, "fsdp_tp": {"start", "prepare"}}
     assert set(vars(strategy.Sharded)) >= {"state_dicts", "load_state_dicts"}
     assert [cls.keys_optimizer_by_name for cls in classes.values()] == [False, False, True, True]

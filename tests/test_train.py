@@ -70,6 +70,30 @@ def test_evaluate_counts_correct_predictions():
     assert acc == 0.75 and loss > 0
 
 
+@pytest.mark.parametrize("n, world_size, batch_size", [(10, 3, 2), (7, 4, 5), (3, 4, 1), (1000, 2, 1000), (64, 8, 8)])
+def test_evaluation_split_over_ranks_adds_up_to_one_process(n, world_size, batch_size):
+    """Each rank scores its block (same batch count on every rank, padding weighted 0); the added sums give one
+    process's loss and accuracy: every sample once, whatever n, world size and batch size (n < world size too)."""
+    from course_lib.rank_data import EvalShardLoader
+    torch.manual_seed(n)
+    model = nn.Linear(5, 10)
+    x, y = torch.randn(n, 5), torch.randint(0, 10, (n,))
+    whole = evaluate(model, TensorLoader(x, y, batch_size=batch_size, shuffle=False))
+    shards = [EvalShardLoader(x, y, batch_size=batch_size, rank=r, world_size=world_size) for r in range(world_size)]
+    assert len({len(s) for s in shards}) == 1 and all(s.dataset_size == n for s in shards)
+    own = [int(sum(b[2].sum().item() for b in s)) for s in shards]
+    assert sum(own) == n and own == [min(-(-n // world_size), max(n - r * -(-n // world_size), 0))
+                                     for r in range(world_size)]
+    seen = torch.cat([b[0][b[2] > 0] for s in shards for b in s])
+    assert torch.equal(seen, x)                              # in order, each sample once
+    parts = []                                               # what each rank's evaluate hands its all-reduce
+    for shard in shards:
+        evaluate(model, shard, reduce=lambda totals: parts.append(totals) or torch.ones(3))   # a rank may own none
+    added = torch.stack(parts).sum(0)
+    loss, acc = evaluate(model, shards[0], reduce=lambda totals: added)
+    assert acc == whole[1] and loss == pytest.approx(whole[0], rel=1e-6)    # fp32 rows of other batch sizes
+
+
 def test_bad_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="epochs"):
         fit(tiny_model(), [], epochs=-1)
