@@ -6,86 +6,33 @@ slideshow metadata (docs/slides.py). This test starts `jupyter lab` as `make lab
 07 there in headless Chromium and counts the slides reveal.js built. It leaves screenshots of the
 title slide and of the setup (code) subslide in the temporary directory (slides_07*.png).
 """
-import os
-import secrets
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from jupyter_browser import chromium, jupyter_lab, needs_browser
+
 REPO = Path(__file__).resolve().parent.parent
 LECTURE = "notebooks/07_ddp.ipynb"
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 SCREENSHOTS = Path(tempfile.gettempdir())
-JUPYTER = Path(sys.executable).parent / "jupyter"
-# COURSE_REQUIRE_BROWSER (set by .ci/run): a missing browser fails the test instead of skipping it
-pytestmark = pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists())
-                                and not os.environ.get("COURSE_REQUIRE_BROWSER"),
-                                reason=f"needs {CHROMIUM} and {CHROMEDRIVER} (apt install chromium chromium-driver)")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = needs_browser
 
 
 @pytest.fixture
 def lab(tmp_path):
-    """A JupyterLab server on a free port (root URL, token); it and its kernels are killed afterwards."""
+    """A JupyterLab server on a free port, started in the course's folder as `make lab` does (root URL, token)."""
     pytest.importorskip("jupyterlab_rise")
-    port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
-    log = open(tmp_path / "lab.log", "w")
-    server = subprocess.Popen([str(JUPYTER), "lab", "--no-browser", f"--port={port}", f"--ServerApp.token={token}",
-                               "--ServerApp.ip=127.0.0.1", "--allow-root"],
-                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)   # its own process group: kernels die with it
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, \
-                    (tmp_path / "lab.log").read_text()[-3000:]
-                time.sleep(0.2)
-        yield url, token
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
+    with jupyter_lab(REPO, tmp_path) as server:
+        yield server
 
 
 @pytest.fixture
 def browser(tmp_path):
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", "--window-size=1280,800", f"--user-data-dir={tmp_path / 'chromium'}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
+    with chromium(tmp_path) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.mark.slow
