@@ -1,5 +1,7 @@
 """`python -m course_lib doctor`: is this machine ready for the course?
 `python -m course_lib download`: fetch MNIST into $COURSE_DATA_DIR (else ~/.cache/course_lib/data) for offline use.
+`python -m course_lib progress [--reset X | --medians FILE...]`: your exercises, passed / tried / not started
+(course_lib.learn.report).
 """
 import argparse
 import sys
@@ -21,9 +23,14 @@ def download() -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["progress"]:          # its own options (course_lib.learn.report)
+        from .learn.report import main as progress
+        return progress(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m course_lib")
-    parser.add_argument("command", choices=["doctor", "download"],
-                        help="doctor: report the environment and what is missing; download: fetch MNIST")
+    parser.add_argument("command", choices=["doctor", "download", "progress"],
+                        help="doctor: report the environment and what is missing; download: fetch MNIST; "
+                             "progress: your exercises (progress --help)")
     args = parser.parse_args(argv)
     return doctor() if args.command == "doctor" else download()
 

@@ -1,5 +1,6 @@
 import os
 import struct
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ from hypothesis import settings
 from course_lib.data import find_mnist
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+# The learner's progress record (course_lib.learn.record): the suite's check calls, in this process and in the
+# kernels it starts (they inherit it), go to a folder of their own, never the developer's home.
+os.environ["COURSE_PROGRESS_DIR"] = tempfile.mkdtemp(prefix="course-progress-")
 
 # Under pytest-xdist (make test: -n auto) the workers share the cores: each worker, and the notebook kernels and
 # launched ranks it starts (they inherit the variable), gets its share of threads. Without this every process

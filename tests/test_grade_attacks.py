@@ -188,6 +188,11 @@ except OSError:
     pass
 """),
     # 7. leaking the hidden tests: from disk, and from the kernel's history and the caller's frame later on
+    "copy the answer from the package's reveal data": Attack("""
+import json, pathlib, course_lib
+data = json.loads((pathlib.Path(course_lib.__file__).parent / "learn" / "catalog.json").read_text())
+exec(next(e["solution"] for nb in data["notebooks"] for e in nb["exercises"] if e["answer"] == "ex00_count_parameters"))
+"""),
     "read the solution from disk": Attack("""
 import course_lib, os, pathlib
 text = "".join(p.read_text() for p in pathlib.Path(course_lib.__file__).resolve().parents[1].glob("solutions/*.ipynb"))

@@ -12,6 +12,7 @@
     limits.py             resource limits (memory, CPU time, processes) for the processes of one submission
     environment.py        the allow-list of the grader's environment that student processes start from
     exercises.py          python -m course_lib.exercises: the student notebooks from solutions/
+    catalog.py            ... and course_lib/learn/catalog.json beside them (the learner's help on Colab too)
     student.py            run a function written in a notebook cell on N ranks (launch_student)
     variants.py           per-student variants of the practica: parameters drawn from the student's id
     make_it_small.py      practicum "Make it small": the given model, measure, remeasure

@@ -154,10 +154,15 @@ def main(argv=None) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.solutions == SOURCE_DIR:     # the course's own solutions: the package's catalog follows them
+        from . import catalog
+        if catalog.sync(args.solutions, Path("pyproject.toml"), student_version, check=args.check):
+            problems.append("catalog.json (course_lib/learn/): out of date")
     for p in problems:
         print(("out of sync: " if args.check else "regenerated: ") + p)
     if args.check and problems:
-        print(f"Run `python -m course_lib.exercises` and commit {args.exercises}/.", file=sys.stderr)
+        print(f"Run `python -m course_lib.exercises` and commit {args.exercises}/ and course_lib/learn/catalog.json.",
+              file=sys.stderr)
         return 1
     if not problems:
         print(f"{args.exercises}/ is up to date with {args.solutions}/ "

@@ -230,8 +230,12 @@ def _alarm(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
+REVEAL_DATA = Path(__file__).resolve().parents[1] / "learn" / "catalog.json"
+
+
 def _hidden(source: Path, submission: Path) -> list:
-    """What the sandbox must not see: the source notebook, the solutions folder and other submissions
+    """What the sandbox must not see: the source notebook, the solutions folder, other submissions, and the
+    solutions the package ships for a learner's reveal
     (a folder only when it does not hold the course, Python or the data, which the sandbox needs)."""
     needed = [COURSE_ROOT, Path(sys.prefix).resolve(), Path(os.environ.get("COURSE_DATA_DIR") or COURSE_ROOT),
               Path(tempfile.gettempdir()).resolve()]       # the sandbox's own folder is made there
@@ -242,6 +246,7 @@ def _hidden(source: Path, submission: Path) -> list:
         hide.append(path if holds else folder)
     if os.environ.get("COURSE_SOLUTIONS_DIR"):
         hide.append(Path(os.environ["COURSE_SOLUTIONS_DIR"]).resolve())
+    hide.append(REVEAL_DATA)    # the exercises' solutions, shipped for the learner's reveal (course_lib.learn)
     return list(dict.fromkeys(hide))
 
 

@@ -202,7 +202,8 @@ class Sandbox:
             PYTHONPATH=os.pathsep.join(filter(None, [str(COURSE_ROOT), os.environ.get("PYTHONPATH")])),
             MPLBACKEND="Agg", IPYTHONDIR=str(self.work / ".ipython"), HOME=str(self.work),
             PYTHONDONTWRITEBYTECODE="1", TQDM_DISABLE="1", COURSE_DATA_DIR=str(data_root().resolve()),
-            COURSE_CACHE_DIR=str(self.work / ".cache")))
+            COURSE_CACHE_DIR=str(self.work / ".cache"),
+            COURSE_PROGRESS="off"))      # a grade never writes (or reads) a learner's progress record
         argv = [sys.executable, "-c", "from course_lib.grading.answers import main; main()", str(self.work / "output.log")]
         jailed = jail.available() is None
         if jailed:

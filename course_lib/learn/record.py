@@ -1,0 +1,201 @@
+"""The learner's own progress record: one small JSON file, written on this machine only, never read by a grader.
+
+Where: `$COURSE_PROGRESS_DIR/progress.json`, else `$XDG_DATA_HOME/course_lib/progress.json`, else
+`~/.local/share/course_lib/progress.json`. On Colab that is /root/.local/share/course_lib (gone when the runtime
+is recycled; point COURSE_PROGRESS_DIR at a mounted Drive folder to keep it); on Binder it goes with the session.
+`COURSE_PROGRESS=off` (or 0, false, no) records nothing.
+
+What: per check call, the test's grade_id, the notebook, passed or not, the attempt number, the UTC time and the
+first 16 hex digits of the sha256 of the answer cell's source (never the source); per exercise notebook opened,
+its name and the time (for the time-per-exercise medians). The practica are never recorded: they are graded.
+
+    {"format": 1, "attempts": [{"test": ..., "notebook": ..., "passed": false, "attempt": 1, "time": ...,
+                                "answer_sha256": "3f2a..."}], "opened": [{"notebook": ..., "time": ...}]}
+
+Two kernels checking at once lose nothing: every write holds an exclusive lock (fcntl.flock on a sibling .lock
+file), re-reads, appends and replaces the file atomically (temporary file, fsync, os.replace). Nothing here
+raises into a learner's check: an unwritable folder prints one note per process and records nothing; a corrupt
+or hand-edited file is renamed aside (progress.json.corrupt-<UTC stamp>), named in one note, and a fresh record
+starts.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+FORMAT = 1
+OFF = {"off", "0", "false", "no"}
+_NOTES: set = set()     # notes already printed in this process
+
+
+def path() -> Path:
+    """The progress file this process reads and writes."""
+    if os.environ.get("COURSE_PROGRESS_DIR"):
+        return Path(os.environ["COURSE_PROGRESS_DIR"]) / "progress.json"
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "course_lib" / "progress.json"
+
+
+def enabled() -> bool:
+    return os.environ.get("COURSE_PROGRESS", "").strip().lower() not in OFF
+
+
+def _note(text: str) -> None:
+    if text not in _NOTES:
+        _NOTES.add(text)
+        print(f"note: {text}")
+
+
+def _now(now=None) -> str:
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _valid(data) -> bool:
+    attempt_keys = {"test": str, "notebook": str, "passed": bool, "attempt": int, "time": str}
+    return (isinstance(data, dict) and data.get("format") == FORMAT
+            and isinstance(data.get("attempts"), list) and isinstance(data.get("opened"), list)
+            and all(isinstance(a, dict) and all(isinstance(a.get(k), t) for k, t in attempt_keys.items())
+                    for a in data["attempts"])
+            and all(isinstance(o, dict) and isinstance(o.get("notebook"), str) and isinstance(o.get("time"), str)
+                    for o in data["opened"]))
+
+
+def _empty() -> dict:
+    return {"format": FORMAT, "attempts": [], "opened": []}
+
+
+def load(file: Path | None = None) -> dict:
+    """The record (empty when there is none); a file that is not a valid record is set aside, never raised."""
+    file = file or path()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return _empty()
+    except OSError as exc:
+        _note(f"progress not read ({exc.strerror or exc}): {file}")
+        return _empty()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if _valid(data):
+        return data
+    aside = file.with_name(f"{file.name}.corrupt-{_now().replace(':', '')}")
+    try:
+        os.replace(file, aside)
+        _note(f"{file} was not a progress record this course wrote (edited by hand, or cut short): "
+              f"set aside as {aside.name}; a new record starts")
+    except OSError as exc:
+        _note(f"{file} is not a valid progress record and could not be set aside ({exc}); ignoring it")
+    return _empty()
+
+
+@contextlib.contextmanager
+def _locked(file: Path):
+    import fcntl
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with open(file.with_name(file.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write(file: Path, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".progress-", dir=file.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, file)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _update(change) -> dict | None:
+    """Apply change(record) -> entry under the lock and write; None (one note) when off or not writable."""
+    if not enabled():
+        return None
+    file = path()
+    try:
+        with _locked(file):
+            data = load(file)
+            entry = change(data)
+            _write(file, data)
+            return entry
+    except (OSError, ImportError) as exc:     # ImportError: no fcntl (Windows) - say so rather than race
+        _note(f"progress not recorded ({getattr(exc, 'strerror', None) or exc}): {file}")
+        return None
+
+
+def _practicum(test: str) -> bool:
+    from . import catalog
+    try:
+        return catalog.exercise(test)[0]["practicum"]
+    except KeyError:
+        return False
+
+
+def record(test: str, passed: bool, answer_source: str | None = None, notebook: str | None = None,
+           now=None) -> dict | None:
+    """Append one check call's outcome; the attempt number counts this test's earlier calls. None when not
+    recorded (off, a practicum, an unwritable folder)."""
+    if _practicum(test):
+        return None
+    digest = hashlib.sha256(answer_source.encode()).hexdigest()[:16] if answer_source is not None else None
+
+    def change(data):
+        entry = {"test": test, "notebook": notebook or "", "passed": bool(passed),
+                 "attempt": 1 + sum(a["test"] == test for a in data["attempts"]), "time": _now(now),
+                 "answer_sha256": digest}
+        data["attempts"].append(entry)
+        return entry
+    return _update(change)
+
+
+def record_open(notebook: str, now=None) -> dict | None:
+    """Note that an exercise notebook was opened (its first cell ran)."""
+    def change(data):
+        entry = {"notebook": notebook, "time": _now(now)}
+        data["opened"].append(entry)
+        return entry
+    return _update(change)
+
+
+def failures_since_pass(test: str, data: dict | None = None) -> int:
+    """Failed calls of `test` after its last pass (all of them if it never passed)."""
+    count = 0
+    for a in (data or load())["attempts"]:
+        if a["test"] == test:
+            count = 0 if a["passed"] else count + 1
+    return count
+
+
+def has_passed(test: str, data: dict | None = None) -> bool:
+    return any(a["test"] == test and a["passed"] for a in (data or load())["attempts"])
+
+
+def reset(target: str | None = None) -> int:
+    """Forget one exercise (its answer or test grade_id), one notebook, or everything (None); how many entries
+    went."""
+    def change(data):
+        before = len(data["attempts"]) + len(data["opened"])
+        if target is None:
+            data["attempts"], data["opened"] = [], []
+        else:
+            data["attempts"] = [a for a in data["attempts"]
+                                if target not in (a["test"], a["notebook"], a["test"].removesuffix("_test"))]
+            data["opened"] = [o for o in data["opened"] if o["notebook"] != target]
+        return before - len(data["attempts"]) - len(data["opened"])
+    removed = _update(change)
+    return removed or 0
