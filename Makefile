@@ -1,5 +1,6 @@
 # Scaling Deep Learning: the two quick-start commands.
-#   make lab            set up .venv and open the course in JupyterLab (make lab HEADLESS=1: no browser)
+#   make lab            set up .venv, copy the exercises into work/ (your answers) and open the course in JupyterLab
+#                       (make lab HEADLESS=1: no browser)
 #   make test           set up .venv and run every test: unit tests, notebooks and solutions under nbval
 # Other targets: make test-fast (unit tests only, for editing) | site (the course as a web site, in _build/site)
 #                | setup | exercises | doctor | bench NAME=cpu-mnist | clean
@@ -36,8 +37,11 @@ $(STAMP): $(LOCK) pyproject.toml
 
 setup: $(STAMP)
 
+# work/ (git-ignored) is the learner's copy of exercises/, where answers go: created here, never overwritten
+# (course_lib.learn.workcopy; `python -m course_lib work update` brings a changed exercise in beside the answers).
 lab: $(STAMP)
 	$(BIN)/python -m course_lib doctor || true
+	$(BIN)/python -m course_lib work create
 	$(BIN)/jupyter lab --notebook-dir=. $(if $(HEADLESS),--no-browser,) $(ROOT_FLAG) notebooks/00_start_here.ipynb
 
 # pytest's exit code 5 (no test collected, e.g. a -k that matches nothing) is not a failure of the course.

@@ -4,4 +4,6 @@ solution once earned. Nothing here leaves the machine, and no grade reads it.
     catalog.py   the exercises as data (catalog.json, generated from solutions/ by python -m course_lib.exercises)
     record.py    the learner's progress file: where it lives, atomic and locked writes, COURSE_PROGRESS=off
     report.py    python -m course_lib progress: the table, the next exercise, reset, minutes per exercise
+    workcopy.py  python -m course_lib work: the learner's copy of exercises/ in work/ (make lab), brought up to
+                 date beside their answers
 """
