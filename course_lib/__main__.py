@@ -1,6 +1,6 @@
 """`python -m course_lib doctor`: is this machine ready for the course?
 `python -m course_lib download`: fetch MNIST into $COURSE_DATA_DIR (else ~/.cache/course_lib/data) for offline use.
-`python -m course_lib progress [--reset X | --medians FILE...]`: your exercises, passed / tried / not started
+`python -m course_lib progress [--reset X | --medians FILE... [--apply]]`: your exercises, passed / tried / not started
 (course_lib.learn.report).
 `python -m course_lib work create|status|update`: your own copy of the exercises in work/, brought up to date
 beside your answers after a `git pull` (course_lib.learn.workcopy).

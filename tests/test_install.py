@@ -40,7 +40,8 @@ def run_installed(installed, *args, timeout=300):
 
 
 @pytest.mark.slow
-def test_the_wheel_is_what_python_imports_and_it_holds_no_notebooks_or_solutions(installed):
+def test_the_wheel_is_what_python_imports_and_holds_no_notebooks_or_graded_solutions(installed, tmp_path,
+                                                                                     monkeypatch):
     site, _ = installed
     out = run_installed(installed, "-c", "import course_lib; print(course_lib.__file__)")
     assert out.returncode == 0, out.stderr
@@ -49,6 +50,16 @@ def test_the_wheel_is_what_python_imports_and_it_holds_no_notebooks_or_solutions
     shipped = {p.name for p in (ROOT / "course_lib" / "recorded").glob("*.json")}
     assert shipped and shipped == {p.name for p in (site / "course_lib" / "recorded").glob("*.json")}, \
         "the GPU recordings lectures 04 and 11 show are package data"
+    # the learner's help works from the package alone (Colab, the site): the catalog (the exercises' solutions,
+    # never a practicum's: tests/test_learn_record.py) and the hints
+    learn = ROOT / "course_lib" / "learn"
+    for pattern in ("catalog.json", "hints/*.json"):
+        assert {p.name for p in learn.glob(pattern)} == {p.name for p in (site / "course_lib" / "learn").glob(pattern)}
+    assert (site / "course_lib" / "learn" / "catalog.json").read_bytes() == (learn / "catalog.json").read_bytes()
+    monkeypatch.setenv("COURSE_PROGRESS_DIR", str(tmp_path))       # an empty record
+    out = run_installed(installed, "-m", "course_lib", "progress")
+    assert out.returncode == 0 and out.stdout.splitlines()[-1].startswith("Next: 00_start_here_exercises · "), \
+        out.stdout + out.stderr
 
 
 @pytest.mark.slow

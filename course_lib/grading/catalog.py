@@ -7,10 +7,32 @@ import json
 import re
 from pathlib import Path
 
-from ..learn.catalog import FILE, FORMAT, load
+from ..learn.catalog import ESTIMATE, FILE, FORMAT, estimate_text, load
 
 MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
+CHECK_CALL = re.compile(r"\b(check_\w+)\s*\(")
+# "**Estimated time:** 15 minutes (exercise 1: 5, exercise 2: 10)." - the practica give "60–90 minutes" only
+PART = re.compile(r"^exercise (\d+): (\d+)$")
+
+
+def estimate(header: str, name: str, exercises: int | None) -> tuple[int, list[int] | None]:
+    """(minutes for the notebook, minutes per exercise) from a header; `exercises` None: the total alone will do
+    (a practicum). ValueError naming the notebook when the header lacks either, or they disagree."""
+    found = ESTIMATE.search(header)
+    if found is None:
+        raise ValueError(f"{name}: its first cell needs '**Estimated time:** N minutes (exercise 1: A, ...).'")
+    total = int(found.group(2) or found.group(1))
+    if exercises is None:
+        return total, None
+    parts = [PART.match(p.strip()) for p in (found.group(3) or "").split(",")]
+    if not all(parts) or [int(p.group(1)) for p in parts] != list(range(1, exercises + 1)):
+        raise ValueError(f"{name}: its header's estimate must give each of its {exercises} exercises its minutes: "
+                         f"'{estimate_text([5] * exercises)}.' (got {found.group(0)!r})")
+    minutes = [int(p.group(2)) for p in parts]
+    if sum(minutes) != total:
+        raise ValueError(f"{name}: its header's exercises add up to {sum(minutes)} minutes, not {total}")
+    return total, minutes
 
 
 def _nbgrader(cell) -> dict:
@@ -29,11 +51,9 @@ def _notebook(source: Path, student_version) -> dict:
     nb = nbformat.read(str(source), as_version=4)
     stubs = {_nbgrader(c).get("grade_id"): c.source for c in student_version(nb).cells}
     header = nb.cells[0].source if nb.cells and nb.cells[0].cell_type == "markdown" else ""
-    minutes = re.search(r"\*\*Estimated time:\*\*\s*(\d+)(?:\s*[–-]\s*(\d+))?\s*minutes", header)
     title = re.search(r"^#\s+(.+)$", header, re.M)
-    if not (minutes and title):
-        raise ValueError(f"{source.name}: its first cell needs a '# title' line and "
-                         "'**Estimated time:** N minutes.' (or N–M)")
+    if not title:
+        raise ValueError(f"{source.name}: its first cell needs a '# title' line")
     practicum = source.stem.startswith("practicum")
     exercises, heading, answer = [], "", None
     for cell in nb.cells:
@@ -47,14 +67,18 @@ def _notebook(source: Path, student_version) -> dict:
             if answer is None:
                 raise ValueError(f"{source.name}: the test cell {meta['grade_id']} has no answer cell before it")
             solution = "\n".join(line for line in answer.source.splitlines() if not MARKERS.match(line))
+            visible = HIDDEN.sub("", cell.source).strip()
             exercises.append({"answer": _nbgrader(answer)["grade_id"], "test": meta["grade_id"],
-                              "points": meta.get("points", 0), "title": heading,
-                              "test_source": HIDDEN.sub("", cell.source).strip(),
+                              "points": meta.get("points", 0), "title": heading, "minutes": None,
+                              "checks": list(dict.fromkeys(CHECK_CALL.findall(visible))),
+                              "test_source": visible,
                               "stub": stubs[_nbgrader(answer)["grade_id"]],
                               "solution": None if practicum else solution})
+    total, parts = estimate(header, source.name, None if practicum else len(exercises))
+    for entry, minutes in zip(exercises, parts or []):
+        entry["minutes"] = minutes
     return {"notebook": source.stem, "lecture": None if practicum else source.stem.removesuffix("_exercises"),
-            "title": title.group(1).strip(), "practicum": practicum,
-            "minutes": int(minutes.group(2) or minutes.group(1)), "exercises": exercises}
+            "title": title.group(1).strip(), "practicum": practicum, "minutes": total, "exercises": exercises}
 
 
 def build(solutions_dir: Path, pyproject: Path, student_version) -> dict:

@@ -156,7 +156,12 @@ def main(argv=None) -> int:
         return 2
     if args.solutions == SOURCE_DIR:     # the course's own solutions: the package's catalog follows them
         from . import catalog
-        if catalog.sync(args.solutions, Path("pyproject.toml"), student_version, check=args.check):
+        try:
+            stale = catalog.sync(args.solutions, Path("pyproject.toml"), student_version, check=args.check)
+        except ValueError as exc:       # a header without its per-exercise minutes, a test cell with no answer
+            print(f"error: catalog.json: {exc}", file=sys.stderr)
+            return 2
+        if stale:
             problems.append("catalog.json (course_lib/learn/): out of date")
     for p in problems:
         print(("out of sync: " if args.check else "regenerated: ") + p)
