@@ -83,3 +83,13 @@ def one_rank_launch(monkeypatch):
         monkeypatch.setenv(var, value)
     yield
     assert not dist.is_initialized(), "train.run left the process group open"
+
+
+@pytest.fixture
+def progress(tmp_path, monkeypatch):
+    """A learner's progress record of its own (course_lib.learn.record), recording on: the file's path."""
+    from course_lib.learn import record
+    monkeypatch.setenv("COURSE_PROGRESS_DIR", str(tmp_path / "p"))
+    monkeypatch.delenv("COURSE_PROGRESS", raising=False)
+    record._NOTES.clear()
+    return tmp_path / "p" / "progress.json"

@@ -19,14 +19,6 @@ from nbtools import ROOT
 TEST = "ex00_count_parameters_test"
 
 
-@pytest.fixture
-def progress(tmp_path, monkeypatch):
-    monkeypatch.setenv("COURSE_PROGRESS_DIR", str(tmp_path / "p"))
-    monkeypatch.delenv("COURSE_PROGRESS", raising=False)
-    record._NOTES.clear()
-    return tmp_path / "p" / "progress.json"
-
-
 def test_a_check_call_is_recorded_with_a_hash_and_never_the_source(progress):
     answer = "def count_parameters(model):\n    return 0"
     first = record.record(TEST, False, answer)

@@ -64,14 +64,6 @@ def tried() -> dict:
     return data
 
 
-@pytest.fixture
-def progress(tmp_path, monkeypatch):
-    monkeypatch.setenv("COURSE_PROGRESS_DIR", str(tmp_path / "p"))
-    monkeypatch.delenv("COURSE_PROGRESS", raising=False)
-    record._NOTES.clear()
-    return tmp_path / "p" / "progress.json"
-
-
 def test_the_table_on_a_prepared_record():
     assert report.table(tried(), COURSE).splitlines() == [
         "00_start_here_exercises  (about 15 minutes)",
