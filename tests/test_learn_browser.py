@@ -61,17 +61,20 @@ def test_fail_twice_see_the_hint_pass_see_progress_and_the_solution(tmp_path):
     with jupyter_lab(root, tmp_path, env, ["--LabApp.expose_app_in_browser=True"]) as (url, token), \
             chromium(tmp_path, "1280,2400") as browser:
         browser.get(f"{url}/lab/tree/mine.ipynb?token={token}")
-        ready = ("return !!(window.jupyterapp && jupyterapp.shell.currentWidget && jupyterapp.shell.currentWidget"
-                 ".sessionContext && jupyterapp.shell.currentWidget.sessionContext.session && "
-                 "jupyterapp.shell.currentWidget.sessionContext.session.kernel)")
+        # The panel is found by its path and activated before each command: headless Chromium (150 on) never
+        # gives the page focus, so JupyterLab's "current widget", which follows focus, stays empty.
+        panel = ("const w = Array.from(window.jupyterapp ? jupyterapp.shell.widgets('main') : [])"
+                 ".find(w => w.context && w.context.path === 'mine.ipynb');")
+        ready = panel + ("return !!(w && w.sessionContext.session && w.sessionContext.session.kernel && "
+                         "w.sessionContext.session.kernel.status === 'idle')")
         n = len(nbformat.read(str(root / "mine.ipynb"), as_version=4).cells)
         try:
             WebDriverWait(browser, 90).until(lambda d: d.execute_script(ready))
             for i in range(n):   # one cell at a time, as a learner does ("Run All" stops at the first error)
-                browser.execute_script(f"const nb = jupyterapp.shell.currentWidget.content; nb.activeCellIndex = {i};"
+                browser.execute_script(panel + f"jupyterapp.shell.activateById(w.id); w.content.activeCellIndex = {i};"
                                        "return jupyterapp.commands.execute('notebook:run-cell')")
                 WebDriverWait(browser, 120, poll_frequency=0.5).until(lambda d: d.execute_script(
-                    f"return jupyterapp.shell.currentWidget.content.widgets[{i}].model.executionCount !== null"))
+                    panel + f"return w.content.widgets[{i}].model.executionCount !== null"))
         except Exception:
             browser.save_screenshot(str(SCREENSHOTS / "learn_timeout.png"))
             raise AssertionError(f"app: {browser.execute_script('return typeof window.jupyterapp')}, outputs: "
