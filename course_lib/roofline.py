@@ -6,9 +6,10 @@ the cores cannot beat `peak`. Attainable FLOP/s = min(peak, bandwidth * I): a sl
 low-intensity kernels (memory-bound: elementwise ops), a flat one for high-intensity kernels
 (compute-bound: large matmuls). The two meet at the ridge point I = peak / bandwidth.
 
-    from course_lib.roofline import course_kernels, plot_roofline
+    from course_lib.roofline import course_kernels, plot_roofline, layer_bound
     points = course_kernels("cpu")         # a matmul, Net's two convolutions, an elementwise add
     plot_roofline(points, peak_flops=1e11, bandwidth=1e10)
+    layers, bound = layer_bound(batch=64)  # Net's layers trained alone: the FLOP/s its step cannot beat
 
 Bytes are the tensors' sizes (each input read once, the output written once): the least traffic
 the kernel can have. Real kernels may move more, which makes them sit lower, never higher.
@@ -99,6 +100,48 @@ def course_kernels(device="cpu", matmul_n: int = 512, batch: int = 256, add_nume
     points.append(measure_kernel(f"add, {add_numel:,} floats", lambda: torch.add(u, v, out=w), add_numel,
                                  (u, v, w), device, repeats))
     return points
+
+
+def layer_bound(batch: int = 64, memory_format: str = "channels_last", device="cpu",
+                repeats: int = 20) -> tuple[list[KernelPoint], float]:
+    """Each of Net's layers trained alone: forward + backward of conv1, conv2, fc1, fc2 at `batch`, timed apart.
+
+    Returns (one KernelPoint per layer, bound): bound = the layers' FLOPs over the sum of their times, the
+    FLOP/s of a training step in which nothing else (pooling, activations, dropout, the loss, the optimizer,
+    Python) took any time. A run of Net cannot beat it with these kernels: it is the ceiling to compare a
+    run's achieved FLOP/s with, in place of the matmul peak (thin layers: 10 and 20 output channels).
+    conv1's backward computes only its weight and bias gradients (its input is the image), as in training.
+    memory_format: "channels_last" or "contiguous" for the convolutions' activations.
+    """
+    from .models import Net
+
+    positive_int("batch", batch)
+    positive_int("repeats", repeats)
+    if memory_format not in ("channels_last", "contiguous"):
+        raise ValueError(f"memory_format must be 'channels_last' or 'contiguous'; got {memory_format!r}")
+    layout = torch.channels_last if memory_format == "channels_last" else torch.contiguous_format
+    device = get_device(str(device))
+    torch.manual_seed(0)
+    net = Net().to(device).to(memory_format=layout)
+    with torch.no_grad():      # each layer's input as Net.forward makes it
+        x1 = torch.randn(batch, 1, 28, 28, device=device).contiguous(memory_format=layout)
+        x2 = torch.relu(torch.max_pool2d(net.conv1(x1), 2))
+        x3 = torch.relu(torch.max_pool2d(net.conv2(x2), 2)).flatten(1)
+        x4 = torch.relu(net.fc1(x3))
+    points = []
+    for name, layer, x in (("conv1", net.conv1, x1), ("conv2", net.conv2, x2), ("fc1", net.fc1, x3),
+                           ("fc2", net.fc2, x4)):
+        x = x.detach().requires_grad_(name != "conv1")
+        grad = torch.ones_like(layer(x))
+
+        def step(layer=layer, x=x, grad=grad):
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+            layer(x).backward(grad)
+
+        points.append(measure_kernel(f"Net.{name} fwd+bwd, batch {batch}", step, count_flops(step),
+                                     (x, layer.weight, layer.bias, grad), device, repeats))
+    return points, sum(p.flops for p in points) / sum(p.seconds for p in points)
 
 
 def plot_roofline(points, peak_flops: float, bandwidth: float, ax=None, title: str | None = None,

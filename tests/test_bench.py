@@ -120,6 +120,11 @@ def test_cpu_mnist_benchmark_quick_as_a_subprocess():
     assert 0.5 < summary["test_accuracy"] <= 1 and 0 <= summary["baseline_test_accuracy"] <= 1
     assert summary["train_seconds"] > 0 and summary["baseline_train_seconds"] > 0
     assert summary["data"].startswith("1,000 of the ")
+    # MFU beside the speedup: three ceilings, each a ratio of the same achieved FLOP/s
+    assert summary["mfu"] > 0 and summary["mfu_achievable"] > 0 and summary["of_layer_bound"] > 0
+    assert summary["of_layer_bound"] == pytest.approx(summary["achieved_flops"] / summary["layer_bound_flops"], rel=1e-3)
+    assert set(summary["layers"]) == {"Net.conv1", "Net.conv2", "Net.fc1", "Net.fc2"}
+    assert "MFU" in out and "the ceiling of this model here" in out
 
 
 def _notebook(path, *sources):

@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from course_lib import roofline
-from course_lib.roofline import KernelPoint, attainable, course_kernels, measure_kernel, plot_roofline
+from course_lib.flops import training_flops_per_image
+from course_lib.models import Net
+from course_lib.roofline import KernelPoint, attainable, course_kernels, layer_bound, measure_kernel, plot_roofline
 
 matplotlib.use("Agg")
 
@@ -43,6 +45,26 @@ def test_course_kernels_have_their_formula_intensities():
     assert points["Net.conv2"].flops == batch * 2 * 20 * 8 * 8 * 250
     assert points["add"].intensity == pytest.approx(1 / 12)                          # 1 FLOP per 3 floats moved
     assert all(p.seconds > 0 for p in points.values())
+
+
+@pytest.mark.parametrize("memory_format", ["channels_last", "contiguous"])
+def test_layer_bound_times_every_flop_of_nets_training_step_once(memory_format, monkeypatch):
+    batch = 8
+    points, bound = layer_bound(batch=batch, memory_format=memory_format, repeats=1)
+    assert [p.name.split()[0] for p in points] == ["Net.conv1", "Net.conv2", "Net.fc1", "Net.fc2"]
+    # the layers' forward + backward FLOPs are exactly the training step's (conv1: no input gradient)
+    assert sum(p.flops for p in points) == training_flops_per_image(Net(), batch) * batch
+    assert points[0].flops == 2 * batch * 2 * 10 * 24 * 24 * 25                      # conv1: forward + weight grad
+    assert points[1].flops == 3 * batch * 2 * 20 * 8 * 8 * 250                       # conv2: + input grad
+    assert bound == pytest.approx(sum(p.flops for p in points) / sum(p.seconds for p in points))
+    # the bound is flops over the SUM of the times, not a mean of rates: checked with made-up times
+    monkeypatch.setattr(roofline, "time_fn", lambda fn, device, repeats, warmup: 0.5)
+    points, bound = layer_bound(batch=batch, memory_format=memory_format, repeats=1)
+    assert bound == sum(p.flops for p in points) / 2.0
+    with pytest.raises(ValueError, match="memory_format"):
+        layer_bound(memory_format="nhwc")
+    with pytest.raises(ValueError, match="batch"):
+        layer_bound(batch=0)
 
 
 def test_plot_roofline_draws_the_roof_and_every_point():

@@ -4,7 +4,10 @@
     python -m course_lib.bench cpu-mnist --quick  # 1,000 training images (what the tests run)
 
 course_lib's side: batch 64, Adam, TensorLoader. The seed's: batch 4, SGD, DataLoader with 2
-workers, 2 epochs. The result is the ratio of training images/s.
+workers, 2 epochs. The result is the ratio of training images/s, beside the run's MFU: against the
+theoretical peak (`mfu`), against the best matmul this machine measurably does (`mfu_achievable`), and
+against Net's own ceiling here (`of_layer_bound`): its four layers' forward + backward timed alone at the
+run's batch and layout (`roofline.layer_bound`), the FLOP/s of a step in which nothing else took time.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import torch
 
 from .. import train
 from ..data import data_label, train_split_size
+from ..roofline import layer_bound
 from ..tutorial import seed_train
 from .result import BenchResult
 
@@ -28,6 +32,8 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
     print("== course_lib: python -m course_lib.train " + " ".join(argv))
     ours = train.run(train.build_parser().parse_args(argv))
 
+    layers, bound = layer_bound(batch=ours["batch_size"], memory_format=ours["memory_format"],
+                                repeats=5 if quick else 20)
     n_split = train_split_size(data_dir)
     n_used = ours["train_samples"]
     base_rate = seed.mean_images_per_second
@@ -39,9 +45,15 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
          "epochs": ours["epochs_run"], "train s": ours["train_seconds"], "images/s": round(ours["images_per_second"]),
          "test acc": ours["test_accuracy"]},
     ]
+    achieved = ours["achieved_flops"]
     summary = {
         "benchmark": "cpu-mnist",
         "speedup": round(ours["images_per_second"] / base_rate, 2),
+        "achieved_flops": achieved, "mfu": ours["mfu"], "peak_source": ours["peak_source"],
+        "mfu_achievable": ours["mfu_achievable"], "achievable_flops": ours["achievable_flops"],
+        "layer_bound_flops": round(bound, 1), "of_layer_bound": round(achieved / bound, 4),
+        "layer_bound_of_achievable": round(bound / ours["achievable_flops"], 4),
+        "layers": {p.name.split()[0]: round(p.flops_per_second, 1) for p in layers},
         "test_accuracy": ours["test_accuracy"],
         "baseline_test_accuracy": round(seed.val_accuracy[-1], 6),
         "train_seconds": ours["train_seconds"],
@@ -52,4 +64,11 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
         "data": data_label(n_used, n_split, data_dir),
         "device": ours["device"], "torch_threads": torch.get_num_threads(), "quick": quick,
     }
+    print(f"course_lib.train: {achieved / 1e9:.1f} GFLOP/s = MFU {ours['mfu']:.3f} of the theoretical peak "
+          f"({ours['peak_source']}), {ours['mfu_achievable']:.3f} of the best measured matmul "
+          f"({ours['achievable_flops'] / 1e9:.0f} GFLOP/s)")
+    print(f"Net's layers alone at batch {ours['batch_size']} ({ours['memory_format']}): "
+          + ", ".join(f"{p.name.split()[0].split('.')[1]} {p.flops_per_second / 1e9:.1f}" for p in layers)
+          + f" GFLOP/s; together {bound / 1e9:.1f} GFLOP/s = {bound / ours['achievable_flops']:.2f} of the matmul: "
+          f"the ceiling of this model here. The run reaches {achieved / bound:.2f} of it.")
     return BenchResult(f"cpu-mnist on {summary['data']}", rows, summary)
