@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import struct
 import tempfile
 from pathlib import Path
@@ -14,6 +16,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 # The learner's progress record (course_lib.learn.record): the suite's check calls, in this process and in the
 # kernels it starts (they inherit it), go to a folder of their own, never the developer's home.
 os.environ["COURSE_PROGRESS_DIR"] = tempfile.mkdtemp(prefix="course-progress-")
+atexit.register(shutil.rmtree, os.environ["COURSE_PROGRESS_DIR"], ignore_errors=True)
 
 # Under pytest-xdist (make test: -n auto) the workers share the cores: each worker, and the notebook kernels and
 # launched ranks it starts (they inherit the variable), gets its share of threads. Without this every process
