@@ -33,7 +33,7 @@ def run(data_dir=None, quick: bool = False) -> BenchResult:
     ours = train.run(train.build_parser().parse_args(argv))
 
     layers, bound = layer_bound(batch=ours["batch_size"], memory_format=ours["memory_format"],
-                                repeats=5 if quick else 20)
+                                device=ours["device"], repeats=5 if quick else 20)
     n_split = train_split_size(data_dir)
     n_used = ours["train_samples"]
     base_rate = seed.mean_images_per_second
