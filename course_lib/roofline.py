@@ -121,10 +121,11 @@ def layer_bound(batch: int = 64, memory_format: str = "channels_last", device="c
         raise ValueError(f"memory_format must be 'channels_last' or 'contiguous'; got {memory_format!r}")
     layout = torch.channels_last if memory_format == "channels_last" else torch.contiguous_format
     device = get_device(str(device))
-    torch.manual_seed(0)
-    net = Net().to(device).to(memory_format=layout)
+    with torch.random.fork_rng(devices=[]):     # seeded here, and the caller's random stream left as it was
+        torch.manual_seed(0)
+        net = Net().to(device).to(memory_format=layout)
+        x1 = torch.randn(batch, 1, 28, 28).to(device).contiguous(memory_format=layout)
     with torch.no_grad():      # each layer's input as Net.forward makes it
-        x1 = torch.randn(batch, 1, 28, 28, device=device).contiguous(memory_format=layout)
         x2 = torch.relu(torch.max_pool2d(net.conv1(x1), 2))
         x3 = torch.relu(torch.max_pool2d(net.conv2(x2), 2)).flatten(1)
         x4 = torch.relu(net.fc1(x3))

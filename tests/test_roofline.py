@@ -50,7 +50,10 @@ def test_course_kernels_have_their_formula_intensities():
 @pytest.mark.parametrize("memory_format", ["channels_last", "contiguous"])
 def test_layer_bound_times_every_flop_of_nets_training_step_once(memory_format, monkeypatch):
     batch = 8
+    torch.manual_seed(1)
+    before = torch.random.get_rng_state()
     points, bound = layer_bound(batch=batch, memory_format=memory_format, repeats=1)
+    assert torch.equal(torch.random.get_rng_state(), before)        # the caller's random stream is untouched
     assert [p.name.split()[0] for p in points] == ["Net.conv1", "Net.conv2", "Net.fc1", "Net.fc2"]
     # the layers' forward + backward FLOPs are exactly the training step's (conv1: no input gradient)
     assert sum(p.flops for p in points) == training_flops_per_image(Net(), batch) * batch
