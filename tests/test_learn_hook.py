@@ -49,6 +49,7 @@ def test_tiers_escalate_and_the_solution_opens_after_three_failures_and_after_a_
     section = hints.load()[TEST]["section"]["heading"]
     assert concept[:40] in third and hints.anchor(section) in third               # tier 3: + the lecture section
     assert "course-reveal" in third                                               # 3 failures: may compare
+    assert "show_solution" not in third            # offered once: the folded diff, not also a line to type
     run(shell, RIGHT)
     passed = run(shell, check)
     assert "all checks passed" in passed and "course-reveal" in passed and concept[:40] not in passed

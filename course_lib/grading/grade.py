@@ -62,6 +62,7 @@ try:
 except ImportError as exc:
     raise ImportError(f"grading needs nbformat and nbclient ({exc}): pip install 'course_lib[grading]'") from exc
 
+from ..learn.catalog import FILE as CATALOG_FILE
 from . import jail, variants
 from .limits import Limits
 from .remote import COURSE_ROOT, Sandbox, SandboxLost, StudentError, grading
@@ -230,7 +231,7 @@ def _alarm(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-REVEAL_DATA = Path(__file__).resolve().parents[1] / "learn" / "catalog.json"
+REVEAL_DATA = CATALOG_FILE.resolve()   # the solutions the package ships for a learner's reveal
 
 
 def _hidden(source: Path, submission: Path) -> list:

@@ -13,6 +13,7 @@ Nothing here may break a learner's cell: any error of the hook itself becomes on
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 _NOTED = []   # the hook's own errors already reported in this kernel
@@ -65,7 +66,8 @@ def _after_cell(shell, result) -> None:
         failures, ever = _KERNEL.get(test, (0, False))
         _KERNEL[test] = (0, True) if passed else (failures + 1, ever)
         if record.record(test, passed, answer_source=answer, notebook=notebook["notebook"]) is not None:
-            _KERNEL[test] = (record.failures_since_pass(test), record.has_passed(test))
+            data = record.load()       # read once for both counts
+            _KERNEL[test] = (record.failures_since_pass(test, data), record.has_passed(test, data))
         _show(test, passed, answer, *_KERNEL[test])
     except Exception as exc:  # noqa: BLE001 - the learner's cell already ran; the hook must not add an error
         if not _NOTED:
@@ -77,10 +79,10 @@ def _show(test: str, passed: bool, answer: str | None, failures: int, ever_passe
     from IPython.display import HTML, Markdown, display
 
     from . import hints, reveal
+    offer = reveal.offer(test, answer, failures, ever_passed)
     if not passed:
         tier = hints.tier(test, failures)
-        if tier is not None:
-            display(Markdown(tier.markdown()))
-    offer = reveal.offer(test, answer, failures, ever_passed)
+        if tier is not None:    # the folded diff below is the solution tier: no show_solution line above it too
+            display(Markdown(dataclasses.replace(tier, solution=tier.solution and not offer).markdown()))
     if offer:
         display(HTML(offer))
