@@ -210,12 +210,16 @@ def test_mfu_of_net_is_its_hand_counted_flops_times_images_per_second_over_the_p
     assert summary["mfu"] == pytest.approx(summary["achieved_flops"] / summary["peak_flops"], rel=1e-3)
     assert summary["mfu_achievable"] == pytest.approx(summary["achieved_flops"] / summary["achievable_flops"],
                                                       rel=1e-3)
-    # the denominator is the theoretical peak wherever one can be derived (PaLM's MFU), the same one hardware gives
+    # the denominator is the theoretical peak wherever one can be derived (PaLM's MFU), the same one hardware gives;
+    # on a CPU whose cores boost above the clock it reports, the matmul measured beats it and is the peak instead
     device = "cuda" if torch.cuda.is_available() else "cpu"
     theoretical = hardware.estimate_peak_gflops(device)
     assert summary["peak_source"].startswith("theoretical:" if theoretical.gflops is not None else "measured:")
     if theoretical.gflops is not None:
-        assert summary["peak_flops"] == pytest.approx(theoretical.gflops * 1e9, rel=1e-6)
+        raised = device == "cpu" and summary["achievable_flops"] > theoretical.gflops * 1e9
+        expected = summary["achievable_flops"] if raised else theoretical.gflops * 1e9
+        assert summary["peak_flops"] == pytest.approx(expected, rel=1e-6)
+        assert ("so the cores run" in summary["peak_source"]) == raised
     assert summary["achievable_source"].startswith("measured: the best of 3") and summary["mfu_note"] == "one process"
 
 
