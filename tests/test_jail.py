@@ -1,7 +1,9 @@
 """course_lib.grading.jail: what jailed code can and cannot do. Plain Python in the jail (no torch): fast.
 
-Every test runs a small program in the jail. As root, the default mode (root without capabilities,
-mounts locked) runs everywhere; nobody's mode runs with a Python that nobody may execute.
+Every test runs a small program in the jail twice: exec'd by `python jail.py` (jail.wrap) and forked from
+the grader's zygote (zygote.popen), which enters the same jail without an exec. As root, the default
+mode (root without capabilities, mounts locked) runs everywhere; nobody's mode runs with a Python that
+nobody may execute.
 """
 import os
 import shutil
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import jail
+from course_lib.grading import jail, zygote
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -23,12 +25,36 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.e
 pytestmark = pytest.mark.skipif(jail.available() is not None, reason=f"no jail here: {jail.available()}")
 
 
-def jailed(code: str, work: Path, hide=(), user=False, python=sys.executable) -> subprocess.CompletedProcess:
-    """Run `code` with `python` jailed in `work`; user=True forces nobody's mode (root only)."""
-    argv = jail.wrap([python, "-c", textwrap.dedent(code)], work=work, hide=hide, user=False)
+@pytest.fixture(params=["exec", "zygote"])
+def how(request):
+    """How the jailed Python starts: exec'd by jail.py, or forked from the zygote (which needs this Python)."""
+    return request.param
+
+
+def launch(code: str, work: Path, how: str, hide=(), user=False, python=sys.executable, limits=None, **streams):
+    """Start `code` with `python` jailed in `work`; user=True forces nobody's mode (root only)."""
+    argv = [python, "-c", textwrap.dedent(code)]
+    if how == "zygote":
+        if user and not jail.can_drop_user():
+            pytest.skip("nobody cannot run this Python: the zygote forks only this one")
+        proc = zygote.popen(argv, work, hide, limits, ENV, work, user=user, **streams)
+        assert isinstance(proc, zygote.Process), "the zygote did not fork it (it fell back to an exec)"
+        return proc
+    argv = jail.wrap(argv, work=work, hide=hide, user=False, limits=limits)
     if user:
         argv.insert(argv.index("--"), "--user")
-    return subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=60)
+    return subprocess.Popen(argv, env=ENV, **streams)
+
+
+def jailed(code: str, work: Path, how: str = "exec", hide=(), user=False, python=sys.executable,
+           limits=None) -> subprocess.CompletedProcess:
+    """Run `code` jailed (see launch) to its end: its exit code and what it printed."""
+    with open(work.parent / f"{work.name}.out", "w+") as out, open(work.parent / f"{work.name}.err", "w+") as err:
+        proc = launch(code, work, how, hide, user, python, limits, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        code = proc.wait(timeout=60)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess([], code, out.read(), err.read())
 
 
 @pytest.fixture(scope="module")
@@ -58,20 +84,20 @@ def unique_sleep() -> str:
     return f"1000.{uuid.uuid4().int % 10**12:012d}"   # `sleep 1000.<digits>`: a marker no one else has
 
 
-def test_exit_code_output_cwd_home_and_work_folder(tmp_path):
+def test_exit_code_output_cwd_home_and_work_folder(tmp_path, how):
     run = jailed("""
         import os, sys
         print(os.getcwd(), os.environ["HOME"])
         open("result.txt", "w").write("kept")
         sys.exit(7)
-    """, tmp_path)
+    """, tmp_path, how)
     assert run.returncode == 7, run.stderr
     assert run.stdout.split() == [str(tmp_path), str(tmp_path)]
     assert (tmp_path / "result.txt").read_text() == "kept"
 
 
 @pytest.mark.parametrize("target", ["course", "site-packages", "home"])
-def test_cannot_write_outside_the_work_folder(tmp_path, target):
+def test_cannot_write_outside_the_work_folder(tmp_path, target, how):
     folder = {"course": REPO / "course_lib", "site-packages": Path(sysconfig.get_paths()["purelib"]),
               "home": Path.home()}[target]
     probe = folder / f"jail_probe_{uuid.uuid4().hex}.pth"
@@ -81,7 +107,7 @@ def test_cannot_write_outside_the_work_folder(tmp_path, target):
             open({str(probe)!r}, "w")
         except OSError as exc:
             print(errno.errorcode[exc.errno])
-    """, tmp_path)
+    """, tmp_path, how)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() in ("EROFS", "EACCES")
     assert not probe.exists()
@@ -89,7 +115,7 @@ def test_cannot_write_outside_the_work_folder(tmp_path, target):
 
 @pytest.mark.skipif(str(Path(__file__).resolve()).startswith("/tmp/"),
                     reason="the course lives under /tmp: the jail keeps /tmp read-only instead of private")
-def test_tmp_is_private(tmp_path):
+def test_tmp_is_private(tmp_path, how):
     outside = Path("/tmp") / f"jail_outside_{uuid.uuid4().hex}"
     inside = Path("/tmp") / f"jail_inside_{uuid.uuid4().hex}"
     outside.write_text("grader")
@@ -98,19 +124,19 @@ def test_tmp_is_private(tmp_path):
             import os
             open({str(inside)!r}, "w").write("student")
             print(os.path.exists({str(outside)!r}))
-        """, tmp_path)
+        """, tmp_path, how)
         assert (run.returncode, run.stdout.strip()) == (0, "False"), run.stderr
         assert not inside.exists()
     finally:
         outside.unlink()
 
 
-def test_hidden_folder_and_file_look_empty(tmp_path):
+def test_hidden_folder_and_file_look_empty(tmp_path, how):
     folder, file = REPO / "solutions", REPO / "tests" / "conftest.py"   # what the grader would hide
     run = jailed(f"""
         import os
         print(os.listdir({str(folder)!r}), repr(open({str(file)!r}).read()))
-    """, tmp_path, hide=[folder, file, REPO / "no such path"])
+    """, tmp_path, how, hide=[folder, file, REPO / "no such path"])
     assert (run.returncode, run.stdout.strip()) == (0, "[] ''"), run.stderr
     assert os.listdir(folder) and file.read_text()
 
@@ -123,53 +149,53 @@ def test_runs_as_nobody_when_it_can(tmp_path):
     assert (run.returncode, run.stdout.strip()) == (0, "65534"), run.stderr
 
 
-def test_nobody_mode(tmp_path, nobody_python):
+def test_nobody_mode(tmp_path, nobody_python, how):
     (tmp_path / "given.txt").write_text("from the grader")
     run = jailed("""
         import os
         print(os.getuid(), os.getgid(), os.getgroups())
         open("given.txt", "a").write(", answered")
-    """, tmp_path, user=True, python=nobody_python)
+    """, tmp_path, how, user=True, python=nobody_python)
     assert (run.returncode, run.stdout.strip()) == (0, "65534 65534 []"), run.stderr
     assert (tmp_path / "given.txt").read_text() == "from the grader, answered"
 
 
-def test_processes_left_behind_die(tmp_path):
+def test_processes_left_behind_die(tmp_path, how):
     marker = unique_sleep()
     run = jailed(f"""
         import subprocess
         subprocess.Popen(["sleep", {marker!r}], start_new_session=True)
-    """, tmp_path)
+    """, tmp_path, how)
     assert run.returncode == 0, run.stderr
     assert sleepers(marker) == []
 
 
-def test_killing_the_jail_kills_everything_inside(tmp_path):
+def test_killing_the_jail_kills_everything_inside(tmp_path, how):
     marker = unique_sleep()
     code = f"import subprocess, time; subprocess.Popen(['sleep', {marker!r}]); print('ready', flush=True); time.sleep(1000)"
-    with subprocess.Popen(jail.wrap([sys.executable, "-c", code], work=tmp_path, user=False), env=ENV,
-                          stdout=subprocess.PIPE, text=True) as outer:
-        assert outer.stdout.readline().strip() == "ready"
-        assert sleepers(marker)
-        outer.kill()
-        outer.wait(timeout=30)
+    outer = launch(code, tmp_path, how, stdout=subprocess.PIPE)
+    assert outer.stdout.readline().strip() == b"ready"
+    assert sleepers(marker)
+    outer.kill()
+    outer.wait(timeout=30)
+    outer.stdout.close()
     deadline = time.monotonic() + 30   # the parent-death signal reaches the jail asynchronously
     while sleepers(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sleepers(marker) == []
 
 
-def test_signals_reach_the_command(tmp_path):
+def test_signals_reach_the_command(tmp_path, how):
     code = "import time; print('ready', flush=True); time.sleep(1000)"
-    with subprocess.Popen(jail.wrap([sys.executable, "-c", code], work=tmp_path, user=False), env=ENV,
-                          stdout=subprocess.PIPE, text=True) as outer:
-        assert outer.stdout.readline().strip() == "ready"
-        outer.terminate()
-        assert outer.wait(timeout=30) == 128 + 15
+    outer = launch(code, tmp_path, how, stdout=subprocess.PIPE)
+    assert outer.stdout.readline().strip() == b"ready"
+    outer.terminate()
+    assert outer.wait(timeout=30) == 128 + 15
+    outer.stdout.close()
 
 
-def test_grader_processes_are_invisible(tmp_path):
-    run = jailed("import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", tmp_path)
+def test_grader_processes_are_invisible(tmp_path, how):
+    run = jailed("import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", tmp_path, how)
     assert (run.returncode, run.stdout.strip()) == (0, "[1, 2]"), run.stderr   # the reaper and this Python
 
 
@@ -188,14 +214,14 @@ UNDO = f"""
 """   # unmount /tmp and the hidden folder, remount / read-write (bind, then whole), write to /
 
 
-def test_locked_mode_cannot_undo_the_jail(tmp_path):
-    run = jailed(UNDO, tmp_path, hide=[HIDDEN])
+def test_locked_mode_cannot_undo_the_jail(tmp_path, how):
+    run = jailed(UNDO, tmp_path, how, hide=[HIDDEN])
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["EPERM"] * 4 + ["EROFS"]
 
 
-def test_nobody_mode_cannot_undo_the_jail(tmp_path, nobody_python):
-    run = jailed(UNDO, tmp_path, hide=[HIDDEN], user=True, python=nobody_python)
+def test_nobody_mode_cannot_undo_the_jail(tmp_path, nobody_python, how):
+    run = jailed(UNDO, tmp_path, how, hide=[HIDDEN], user=True, python=nobody_python)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["EPERM"] * 4 + ["EROFS"]
 
@@ -212,7 +238,7 @@ def test_describe():
                                       "loopback-only network, runs as ")
 
 
-def test_loopback_works_and_nothing_else_is_reachable(tmp_path):
+def test_loopback_works_and_nothing_else_is_reachable(tmp_path, how):
     """gloo and torchrun inside the jail talk over 127.0.0.1; the outside world, DNS included, is gone."""
     run = jailed("""
         import socket
@@ -226,18 +252,20 @@ def test_loopback_works_and_nothing_else_is_reachable(tmp_path):
             except OSError as exc:
                 print(exc.errno)
         print(sorted(name for _, name in socket.if_nameindex()))
-    """, tmp_path)
+    """, tmp_path, how)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.split("\n")
     assert lines[0] == "hi" and lines[1] == lines[2] == "101" and lines[3] == "['lo']", run.stdout
 
 
-def test_resource_limits_hold_and_cannot_be_raised(tmp_path):
+def test_resource_limits_hold_and_cannot_be_raised(tmp_path, how):
     from course_lib.grading.limits import Limits
-    code = """
+    # a child of the zygote starts with the memory of its torch import (about 0.8 GB) counted
+    megabytes = 256 if how == "exec" else 1536
+    code = f"""
         import os, resource
         try:
-            bytearray(512 << 20)
+            bytearray({megabytes + 256} << 20)
             print("allocated")
         except MemoryError:
             print("MemoryError")
@@ -248,9 +276,7 @@ def test_resource_limits_hold_and_cannot_be_raised(tmp_path):
             print("kept")
         print(resource.getrlimit(resource.RLIMIT_CPU)[0], resource.getrlimit(resource.RLIMIT_NPROC)[0])
     """
-    argv = jail.wrap([sys.executable, "-c", textwrap.dedent(code)], work=tmp_path, user=False,
-                     limits=Limits(memory_mb=256, cpu_seconds=30, processes=64))
-    run = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=60)
+    run = jailed(code, tmp_path, how, limits=Limits(memory_mb=megabytes, cpu_seconds=30, processes=64))
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:3] == ["MemoryError", "kept", "30 64"], run.stdout
     with pytest.raises(ValueError, match="memory_mb must be a whole number >= 1"):

@@ -44,11 +44,20 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, _CAP_VERSION_3 = 47, 4, 0x20080522
 # A bind remount must restate these flags as they are: in a user namespace they are locked (EPERM)
 _KEPT = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
          "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):   # capset takes two of these (capabilities 0-31 and 32-63)
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
 def wrap(command: list[str], work: str | os.PathLike, hide=(), user: bool = True, limits=None) -> list[str]:
@@ -231,6 +240,13 @@ def _drop_privileges(work: str, uid: int, gid: int, nobody: bool) -> None:
         for cap in range(64):
             if _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
                 _check(-1, "drop capabilities")
+    # Without an exec (the zygote's children) nothing else would clear the capabilities a new user namespace
+    # gives its creator: none effective, permitted, inheritable or ambient
+    header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), data), "drop capabilities")
+    if _libc.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0) != 0 and \
+            ctypes.get_errno() != errno.EINVAL:   # EINVAL: a kernel older than ambient capabilities
+        _check(-1, "clear ambient capabilities")
     # setuid programs (su, mount) and file capabilities grant nothing from here on
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), 0, 0, 0), "no new privileges")
 
@@ -269,6 +285,22 @@ def main(argv: list[str] | None = None) -> None:
     args, command = parser.parse_args(argv[:split]), argv[split + 1:]
     if not command:
         parser.error("no command after --")
+
+    def run(env: dict) -> None:
+        try:
+            os.execvpe(command[0], command, env)
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"jail: cannot run {command[0]}: {getattr(exc, 'strerror', None) or exc}\n")
+            sys.stderr.flush()
+            os._exit(127)
+    enter(args.work, args.hide, args.user, args.rlimit, _needed(command), run)
+
+
+def enter(work: str, hide: list[str], user: bool, rlimits: list[str], needed: list[str], run) -> None:
+    """Jail this process (single-threaded; it stays outside, as the jail's outer process) and call
+    `run(env)` in the jailed command process, which must exec or exit; never returns. `user`: a root
+    grader runs the command as nobody; `rlimits`: NAME=VALUE pairs; `needed`: what stays readable
+    (_needed). `python jail.py` runs an exec; the zygote (zygote.py) runs Python code it has loaded."""
     uid, gid = os.geteuid(), os.getegid()
     # PID 1 of a namespace ignores signals it has no handler for: blocked, they wait for the handlers
     signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
@@ -283,29 +315,31 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc)
     if child:   # outside the namespace: pass signals on, end as the child ends
         _forward_signals(child)
-        sys.exit(_exit_code(os.waitpid(child, 0)[1]))
+        os._exit(_exit_code(os.waitpid(child, 0)[1]))
     os.close(parent_alive)
     try:   # PID 1 of the new namespace
         _die_with_parent(alive)
         _loopback_up()
-        _build_file_system(args.work, args.hide, _needed(command))
-        _drop_privileges(args.work, uid, gid, nobody=args.user and uid == 0)
+        _build_file_system(work, hide, needed)
+        _drop_privileges(work, uid, gid, nobody=user and uid == 0)
         _die_with_parent(alive)   # changing credentials cleared the parent-death signal
     except OSError as exc:
         _fail(exc)
-    env = {**os.environ, "HOME": args.work}
+    env = {**os.environ, "HOME": work}
     command_pid = os.fork()
     if command_pid == 0:
+        os.close(alive)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):   # Python ignores these; exec would keep that
             signal.signal(sig, signal.SIG_DFL)
         try:
-            _set_rlimits(args.rlimit)
-            os.execvpe(command[0], command, env)
+            _set_rlimits(rlimits)
         except (OSError, ValueError) as exc:
-            sys.stderr.write(f"jail: cannot run {command[0]}: {getattr(exc, 'strerror', None) or exc}\n")
+            sys.stderr.write(f"jail: cannot set the limits: {getattr(exc, 'strerror', None) or exc}\n")
             sys.stderr.flush()
             os._exit(127)
+        run(env)
+        os._exit(127)
     # Stay a reaper of orphans; when the command ends, so does PID 1, and the kernel kills the rest
     _forward_signals(command_pid)
     while True:

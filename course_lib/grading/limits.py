@@ -7,6 +7,8 @@
 Each is a kernel resource limit (setrlimit), soft and hard alike, so the student's code cannot raise it:
 - memory_mb: per process, RLIMIT_DATA (heap and private memory: what `bytearray(n)` or `torch.empty(n)`
   take). An allocation past it fails with MemoryError in that process; the machine keeps its memory.
+  A sandbox forked from the zygote (course_lib.grading.zygote) starts with what importing torch took,
+  about 0.8 GB, already counted, as a sandbox that imports torch itself would after its import.
 - cpu_seconds: per process, RLIMIT_CPU; past it the kernel kills the process (SIGXCPU). The grader's
   wall-clock deadlines (per cell and per notebook) bound the rest.
 - processes: RLIMIT_NPROC, processes and threads of the user the code runs as; a guard against a

@@ -37,8 +37,8 @@ import torch
 import course_lib
 
 from ..data import cache_dir, data_root
-from ..processes import kill_tree
-from . import jail, wire
+from ..processes import kill_tree, start
+from . import jail, wire, zygote
 from .environment import sealed
 from .limits import Limits
 
@@ -164,6 +164,15 @@ def student_command(argv: list, work: Path) -> list:
     return jail.wrap(list(argv), work=Path(work), hide=_hidden, limits=_limits)
 
 
+def start_student(argv: list, work: Path, env: dict, **popen_kwargs):
+    """processes.start(student_command(argv, work), ...) with `env` (added to the allow-listed environment);
+    a `python -c` jailed while grading is forked from the zygote instead (zygote.popen)."""
+    if _hidden is None or jail.available() is not None:
+        return start(argv, env=env, cwd=work, base=sealed(), **popen_kwargs)
+    return zygote.popen(argv, work, _hidden, _limits, {**sealed(), "OMP_NUM_THREADS": "1", **env}, work,
+                        **popen_kwargs)
+
+
 class _Link:
     def __init__(self, sandbox, graph: int, outputs: list):
         self.sandbox, self.graph, self.outputs = sandbox, graph, outputs
@@ -205,13 +214,13 @@ class Sandbox:
             COURSE_CACHE_DIR=str(self.work / ".cache"),
             COURSE_PROGRESS="off"))      # a grade never writes (or reads) a learner's progress record
         argv = [sys.executable, "-c", "from course_lib.grading.answers import main; main()", str(self.work / "output.log")]
-        jailed = jail.available() is None
-        if jailed:
-            argv = jail.wrap(argv, work=self.work, hide=hide, limits=_limits)
         _copy_cache(self.work / ".cache")
         self.errors = open(self.folder / f"sandbox{generation}.err", "w+b")   # the jail's own complaints
-        self.proc = Popen(argv, stdin=PIPE, stdout=PIPE, stderr=self.errors, cwd=self.work, env=env,
-                          start_new_session=True, preexec_fn=None if jailed else _limits.apply)
+        if jail.available() is None:   # forked from the zygote, which has imported torch, or exec'd
+            self.proc = zygote.popen(argv, self.work, hide, _limits, env, self.work, PIPE, PIPE, self.errors)
+        else:
+            self.proc = Popen(argv, stdin=PIPE, stdout=PIPE, stderr=self.errors, cwd=self.work, env=env,
+                              start_new_session=True, preexec_fn=_limits.apply)
         self.inbox: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 

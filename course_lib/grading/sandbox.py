@@ -42,9 +42,8 @@ from torch import nn
 import course_lib
 
 from ..models import LeNet300
-from ..processes import kill_tree, start
-from .environment import sealed
-from .remote import student_command
+from ..processes import kill_tree
+from .remote import start_student
 
 SECONDS = {"compress": 60.0, "decompress": 45.0}   # together under the grader's 120 s per cell
 MAX_ARTIFACT_BYTES = 64 * 2**20
@@ -147,13 +146,12 @@ def run_child(role: str, request: dict, later=()) -> tuple[list, str]:
     if role not in SECONDS:
         raise ValueError(f"role must be one of {sorted(SECONDS)}; got {role!r}")
     deadline, replies = time.monotonic() + SECONDS[role], []
-    env = {"PYTHONDONTWRITEBYTECODE": "1", "TQDM_DISABLE": "1",   # start() adds OMP_NUM_THREADS=1
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "TQDM_DISABLE": "1",   # start_student adds OMP_NUM_THREADS=1
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE.parent), os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix=f"make_it_small_{role}_") as tmp, open(Path(tmp) / "log", "w+b") as log:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")    # made now: the child may not mkdir
         (Path(tmp) / "inductor" / "dynamo").mkdir(parents=True)
-        proc = start(student_command([sys.executable, "-c", _CHILD, role], tmp), env=env, cwd=tmp, base=sealed(), stdin=PIPE,
-                     stdout=PIPE, stderr=log)
+        proc = start_student([sys.executable, "-c", _CHILD, role], Path(tmp), env, stdin=PIPE, stdout=PIPE, stderr=log)
         inbox = _pump(proc.stdout)
         try:
             for message in [request, *later]:

@@ -1,0 +1,147 @@
+"""course_lib.grading.zygote: a jailed `python -c` forked from a torch-loaded template behaves as a fresh one.
+
+What the jail guarantees is tested for both ways of starting (test_jail.py, parametrized by `how`). Here:
+what an exec would have reset and a fork must reset by hand (descriptors, capabilities, environment,
+sys.path, thread count, random seeds, exit handling), the zygote's own environment, and that the
+zygote and its children end with the grader.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from course_lib.grading import jail, zygote
+from course_lib.grading.environment import ALLOWED
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "3", "COURSE_ZYGOTE_PROBE": "given"}
+
+pytestmark = pytest.mark.skipif(jail.available() is not None, reason=f"no jail here: {jail.available()}")
+
+
+def forked(code: str, work: Path, env=None, args=()) -> subprocess.CompletedProcess:
+    with open(work.parent / "out", "w+") as out, open(work.parent / "err", "w+") as err:
+        proc = zygote.popen([sys.executable, "-c", textwrap.dedent(code), *args], work, [], None, env or ENV, work,
+                            subprocess.DEVNULL, out, err)
+        assert isinstance(proc, zygote.Process), f"not forked from the zygote: {zygote._failed}"
+        returncode = proc.wait(timeout=60)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, returncode, out.read(), err.read())
+
+
+def test_a_forked_child_is_a_fresh_python_c(tmp_path):
+    os.environ["COURSE_ZYGOTE_SECRET"] = "grader's"   # in the grader: never in the child
+    try:
+        run = forked("""
+            import sys
+            course = sorted(name for name in sys.modules if name.split(".")[0] in ("course_lib", "jail", "zygote"))
+            import json, os, torch
+            status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+            print(json.dumps({"argv": sys.argv, "path": sys.path[:2], "env": dict(os.environ), "cwd": os.getcwd(),
+                              "fds": sorted(set(os.listdir("/proc/self/fd")) - {"3"}), "threads": torch.get_num_threads(),
+                              "caps": [status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
+                              "no_new_privs": status["NoNewPrivs"].strip(), "main": __name__,
+                              "bytecode": sys.dont_write_bytecode, "course": course}))
+        """, tmp_path, args=["first", "second"])
+    finally:
+        del os.environ["COURSE_ZYGOTE_SECRET"]
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert seen["argv"] == ["-c", "first", "second"] and seen["path"] == ["", str(REPO)] and seen["main"] == "__main__"
+    assert seen["env"] == {**ENV, "HOME": str(tmp_path)} and seen["cwd"] == str(tmp_path)
+    assert seen["fds"] == ["0", "1", "2"], "a descriptor of the zygote (its socket!) reached the child"
+    assert seen["caps"] == ["0000000000000000"] * 5 and seen["no_new_privs"] == "1"
+    assert seen["threads"] == 3 and seen["bytecode"] is False
+    assert seen["course"] == [], "the zygote loaded the course (its tests and solutions must never be in its memory)"
+
+
+def test_exit_codes_exceptions_atexit_and_unflushed_output(tmp_path):
+    run = forked("""
+        import atexit, sys
+        atexit.register(lambda: print("at exit", end=""))
+        print("unflushed", end=" ")
+        sys.exit(5)
+    """, tmp_path)
+    assert (run.returncode, run.stdout) == (5, "unflushed at exit")
+    run = forked("raise KeyError('no such key')", tmp_path)
+    assert run.returncode == 1 and "KeyError: 'no such key'" in run.stderr and "Traceback" in run.stderr
+    run = forked("import sys; sys.exit('a message')", tmp_path)
+    assert (run.returncode, run.stderr.strip()) == (1, "a message")
+
+
+def test_two_children_draw_different_random_numbers_as_two_fresh_pythons_do(tmp_path):
+    code = "import random, numpy, torch; print(random.random(), numpy.random.random(), torch.rand(1).item())"
+    first, second = (forked(code, tmp_path).stdout.split() for _ in range(2))
+    assert all(a != b for a, b in zip(first, second)) and len(first) == 3, (first, second)
+
+
+def test_the_zygote_holds_only_the_allowed_environment():
+    assert zygote._get() is not None
+    names = {entry.split(b"=", 1)[0].decode() for entry in
+             Path(f"/proc/{zygote._zygote.proc.pid}/environ").read_bytes().split(b"\0") if entry}
+    assert names <= set(ALLOWED) | {"PYTHONDONTWRITEBYTECODE", "OPENBLAS_NUM_THREADS"}, names
+    assert "COURSE_STUDENT_ID" not in names and "OMP_NUM_THREADS" not in names
+
+
+def test_what_is_not_python_c_is_execd(tmp_path):
+    proc = zygote.popen(["true"], tmp_path, [], None, ENV, tmp_path, subprocess.DEVNULL, subprocess.DEVNULL)
+    assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=60) == 0
+
+
+GRADER = """
+import os, subprocess, sys, time
+from pathlib import Path
+from course_lib.grading import zygote
+work, marker = Path(sys.argv[1]), os.environ.pop("SLEEP_MARKER")   # not in this process's command line
+env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"]}
+def sleeper(folder):
+    folder.mkdir()
+    proc = zygote.popen([sys.executable, "-c", "import subprocess; subprocess.run(['sleep', %r])" % marker],
+                        folder, [], None, env, folder, subprocess.DEVNULL, subprocess.DEVNULL)
+    assert isinstance(proc, zygote.Process)
+    return zygote._zygote.proc.pid
+first = sleeper(work / "parent")
+child = os.fork()
+if child == 0:                        # a forked grader (as the class grader forks one per submission)
+    print(first, sleeper(work / "child"), flush=True)
+    time.sleep(1000)
+os.waitpid(child, 0)
+"""
+
+
+def sleepers(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_forked_grader_gets_its_own_zygote_and_everything_ends_with_the_graders(tmp_path):
+    marker = f"1000.{os.getpid()}{time.monotonic_ns() % 10**9:09d}"
+    grader = subprocess.Popen([sys.executable, "-c", GRADER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "SLEEP_MARKER": marker}, start_new_session=True)
+    try:
+        parents, childs = map(int, grader.stdout.readline().split())
+        deadline = time.monotonic() + 30
+        while len(sleepers(marker)) < 2 and time.monotonic() < deadline:   # each forked child starts its sleep
+            time.sleep(0.1)
+        assert parents != childs and len(sleepers(marker)) == 2
+    finally:
+        os.killpg(grader.pid, signal.SIGKILL)     # both graders die at once, as a killed job's do
+        grader.wait()
+    deadline = time.monotonic() + 30                # orphaned zygotes notice within a second or so
+    while (sleepers(marker) or any(Path(f"/proc/{pid}").exists() for pid in (parents, childs))) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sleepers(marker) == [] and not any(Path(f"/proc/{pid}").exists() for pid in (parents, childs))
