@@ -175,6 +175,9 @@ def test_killing_the_jail_kills_everything_inside(tmp_path, how):
     code = f"import subprocess, time; subprocess.Popen(['sleep', {marker!r}]); print('ready', flush=True); time.sleep(1000)"
     outer = launch(code, tmp_path, how, stdout=subprocess.PIPE)
     assert outer.stdout.readline().strip() == b"ready"
+    deadline = time.monotonic() + 10
+    while not sleepers(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert sleepers(marker)
     outer.kill()
     outer.wait(timeout=30)

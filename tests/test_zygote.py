@@ -20,7 +20,7 @@ from course_lib.grading import jail, zygote
 from course_lib.grading.environment import ALLOWED
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "3", "COURSE_ZYGOTE_PROBE": "given"}
+ENV = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "COURSE_ZYGOTE_PROBE": "given"}
 
 pytestmark = pytest.mark.skipif(jail.available() is not None, reason=f"no jail here: {jail.available()}")
 
@@ -55,11 +55,53 @@ def test_a_forked_child_is_a_fresh_python_c(tmp_path):
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout)
     assert seen["argv"] == ["-c", "first", "second"] and seen["path"] == ["", str(REPO)] and seen["main"] == "__main__"
-    assert seen["env"] == {**ENV, "HOME": str(tmp_path)} and seen["cwd"] == str(tmp_path)
+    assert "COURSE_ZYGOTE_SECRET" not in seen["env"] and seen["cwd"] == str(tmp_path)
+    assert seen["env"].items() >= {**ENV, "HOME": str(tmp_path)}.items()   # and LC_CTYPE where Python coerces it
     assert seen["fds"] == ["0", "1", "2"], "a descriptor of the zygote (its socket!) reached the child"
     assert seen["caps"] == ["0000000000000000"] * 5 and seen["no_new_privs"] == "1"
-    assert seen["threads"] == 3 and seen["bytecode"] is False
+    assert seen["threads"] == 1 and seen["bytecode"] is False
     assert seen["course"] == [], "the zygote loaded the course (its tests and solutions must never be in its memory)"
+
+
+PROBE = """
+import json, os, resource, signal, site, sys, tempfile
+import torch
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+umask = os.umask(0); os.umask(umask)
+print(json.dumps({
+    "argv": sys.argv, "path": sys.path, "env": dict(os.environ), "cwd": os.getcwd(), "main": __name__,
+    "tempdir": tempfile.gettempdir(), "user_site": site.getusersitepackages(), "threads": torch.get_num_threads(),
+    "bytecode": sys.dont_write_bytecode, "flags": list(sys.flags), "umask": umask,
+    "handlers": [str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ,
+                                                    signal.SIGCHLD, signal.SIGHUP)],
+    "blocked": sorted(map(int, signal.pthread_sigmask(signal.SIG_BLOCK, []))),
+    "limits": [resource.getrlimit(getattr(resource, "RLIMIT_" + n)) for n in ("DATA", "CPU", "NPROC", "NOFILE")],
+    "ids": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), os.getgroups(), os.getsid(0) == os.getpgid(0)],
+    "fds": sorted(set(os.listdir("/proc/self/fd")) - {"3"}), "pids": sorted(os.listdir("/proc"))[:0],
+    "status": {k: status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs",
+                                              "Seccomp")},
+}, sort_keys=True))
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "64", None])
+def test_a_forked_child_sees_what_an_execd_one_sees(tmp_path, threads):
+    """The same probe jailed both ways, with the same request: everything it can see of its start is equal."""
+    from course_lib.grading.limits import Limits
+    limits = Limits(memory_mb=3000, cpu_seconds=600, processes=500)
+    env = {**{k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}, "PYTHONDONTWRITEBYTECODE": "1",
+           **({"OMP_NUM_THREADS": threads} if threads else {})}
+    execd = subprocess.run(jail.wrap([sys.executable, "-c", PROBE, "x"], work=tmp_path, user=False, limits=limits),
+                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert execd.returncode == 0, execd.stderr
+    with open(tmp_path.parent / "out", "w+") as out:
+        proc = zygote.popen([sys.executable, "-c", PROBE, "x"], tmp_path, [], limits, env, tmp_path, subprocess.DEVNULL,
+                            out, None, user=False)
+        assert isinstance(proc, zygote.Process) and proc.wait(timeout=60) == 0
+        out.seek(0)
+        forked = json.loads(out.read())
+    for key, value in json.loads(execd.stdout).items():
+        assert forked[key] == value, f"{key}: forked {forked[key]!r}, exec'd {value!r}"
 
 
 def test_exit_codes_exceptions_atexit_and_unflushed_output(tmp_path):

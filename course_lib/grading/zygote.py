@@ -148,20 +148,34 @@ def _child(request: dict, fds: list[int], sock, base: dict) -> None:
 
 def _become(argv: list[str], env: dict, base: dict) -> None:
     """Run `python -c CODE ARGS` here, as a fresh interpreter would; exits with its code."""
+    ctype = env.get("LC_CTYPE") or env.get("LANG") or "C"
+    if not env.get("LC_ALL") and ctype in ("C", "POSIX") and env.get("PYTHONCOERCECLOCALE") != "0":
+        env = {**env, "LC_CTYPE": "C.UTF-8"}   # Python's start-up coerces the C locale so (PEP 538)
     os.environ.clear()
     os.environ.update(env)
+    import locale
+    try:
+        locale.setlocale(locale.LC_CTYPE, "")
+    except locale.Error:   # not installed here: a fresh Python would keep the C locale too
+        pass
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):   # what Python's start-up sets
         signal.signal(sig, signal.SIG_IGN)
     sys.argv = ["-c", *argv[3:]]
     sys.path[:] = ["", *_pythonpath(env), *base["path"]]
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    # what the zygote's imports worked out from its own environment and file system, found again in the jail:
+    # the temporary folder (the jail's /tmp may be read-only) and the user's site-packages (HOME is the work folder)
+    import site
+    import tempfile
+    tempfile.tempdir, site.USER_BASE, site.USER_SITE = None, None, None
     if env.get("PYTHONUNBUFFERED"):
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(write_through=True)
     import torch
     threads = env.get("OMP_NUM_THREADS", "")
-    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else base["threads"])
+    # a fresh torch takes OMP_NUM_THREADS up to its default (the cores it found), else that default
+    torch.set_num_threads(min(int(threads), base["threads"]) if threads.isdigit() and int(threads) > 0 else base["threads"])
     torch.seed()                        # a fresh torch seeds its generator at random; a fork would share it
     if "numpy.random" in sys.modules:   # Python's random reseeds itself after a fork; numpy's does not
         sys.modules["numpy.random"].seed()
