@@ -330,6 +330,8 @@ def _get() -> _Zygote | None:
                 # children too: their BLAS work, rare next to torch's, runs on one core)
                 env = {k: v for k, v in sealed().items() if k not in _PER_CHILD}
                 env.update(PYTHONDONTWRITEBYTECODE="1", OPENBLAS_NUM_THREADS="1")
+                if os.environ.get("PYTHONPATH"):   # torch may be installed there (pip --target); the children
+                    env["PYTHONPATH"] = os.environ["PYTHONPATH"]   # get theirs from their own request
                 _zygote = _Zygote(env)
                 atexit.register(_zygote.close)
             except OSError as exc:
