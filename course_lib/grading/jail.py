@@ -18,7 +18,9 @@ talk to each other over 127.0.0.1 (gloo, torchrun), nothing outside is reachable
 processes; wall-clock time is the caller's job.
 
 wrap() starts this file in isolated mode (python -I -S jail.py), not `python -m
-course_lib.grading.jail`: that would import course_lib and so torch, seconds per start.
+course_lib.grading.jail`: that would import course_lib and so torch, seconds per start. enter() jails
+the process that calls it, without an exec: the grading zygote's children (zygote.py) use it, so the
+capabilities a user namespace grants are cleared here (capset), not left to an exec.
 """
 from __future__ import annotations
 
