@@ -24,8 +24,7 @@ def fail_on_rank(rank: int, world_size: int, bad_rank: int = 1) -> int:
 
 def report_pid_then_sleep(rank: int, world_size: int, pid_dir: str) -> None:
     """Write this worker's pid to pid_dir/rank, then hang (for orphan tests)."""
-    with open(os.path.join(pid_dir, str(rank)), "w") as f:
-        f.write(str(os.getpid()))
+    _write_atomically(os.path.join(pid_dir, str(rank)), str(os.getpid()))
     while True:
         time.sleep(1)
 
@@ -33,8 +32,7 @@ def report_pid_then_sleep(rank: int, world_size: int, pid_dir: str) -> None:
 def start_child_then_sleep(rank: int, world_size: int, pid_dir: str) -> None:
     """Start a process of its own (in its own session), write its pid to pid_dir/child{rank}, then hang."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
-    with open(os.path.join(pid_dir, f"child{rank}"), "w") as f:
-        f.write(str(child.pid))
+    _write_atomically(os.path.join(pid_dir, f"child{rank}"), str(child.pid))
     while True:
         time.sleep(1)
 
@@ -66,3 +64,10 @@ def ddp_batchnorm_gradients(rank: int, world_size: int, batch: int = 8, seed: in
     ddp = nn.parallel.DistributedDataParallel(model)
     nn.functional.cross_entropy(ddp(x.chunk(world_size)[rank]), y.chunk(world_size)[rank]).backward()
     return [p.grad.numpy().copy() for p in model.parameters()]      # numpy: pickled by value, not shared memory
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """The tests poll for these files: they must never see one created but not yet written."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)

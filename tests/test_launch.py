@@ -117,7 +117,7 @@ def test_workers_exit_when_their_launcher_is_killed(tmp_path):
                                  str(tmp_path)])
     try:
         deadline = time.monotonic() + 90
-        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+        while not all((tmp_path / str(r)).exists() for r in range(2)) and time.monotonic() < deadline:
             time.sleep(0.2)
         pids = [int((tmp_path / str(r)).read_text()) for r in range(2)]
         assert all(alive(pid) for pid in pids)
