@@ -18,6 +18,7 @@ import pytest
 
 from course_lib.grading import jail, zygote
 from course_lib.grading.environment import ALLOWED
+from test_jail import sleepers
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "COURSE_ZYGOTE_PROBE": "given"}
@@ -156,17 +157,6 @@ if child == 0:                        # a forked grader (as the class grader for
     time.sleep(1000)
 os.waitpid(child, 0)
 """
-
-
-def sleepers(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.slow

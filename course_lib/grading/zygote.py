@@ -40,7 +40,6 @@ if __package__:
 else:   # run as a script: the jail sits beside this file, and course_lib is never imported
     import jail
 
-PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE = 1 << 20
 _READY_S, _SPAWN_S = 120.0, 30.0
 _PRELOAD = ("torch", "torch._dynamo", "IPython.core.interactiveshell")
@@ -128,8 +127,7 @@ def _pythonpath(env) -> list[str]:
 def _child(request: dict, fds: list[int], sock, base: dict) -> None:
     """In the forked child: become the jailed `python -c` the request asked for."""
     os.setsid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
+    jail._libc.prctl(jail.PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != base["zygote"]:   # the zygote died before the signal was set
         os._exit(1)
     signal.set_wakeup_fd(-1)
