@@ -133,9 +133,14 @@ def test_the_zygote_holds_only_the_allowed_environment():
     assert "COURSE_STUDENT_ID" not in names and "OMP_NUM_THREADS" not in names
 
 
-def test_what_is_not_python_c_is_execd(tmp_path):
+def test_what_is_not_python_c_or_cannot_be_passed_is_execd(tmp_path):
     proc = zygote.popen(["true"], tmp_path, [], None, ENV, tmp_path, subprocess.DEVNULL, subprocess.DEVNULL)
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=60) == 0
+    # stderr=STDOUT has no descriptor to send: still jailed, by an exec
+    proc = zygote.popen([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"], tmp_path,
+                        [], None, ENV, tmp_path, subprocess.DEVNULL, subprocess.PIPE, subprocess.STDOUT)
+    assert isinstance(proc, subprocess.Popen)
+    assert sorted(proc.communicate(timeout=60)[0].split()) == [b"err", b"out"] and proc.returncode == 0
 
 
 GRADER = """
