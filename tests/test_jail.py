@@ -20,7 +20,10 @@ import pytest
 from course_lib.grading import jail, zygote
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+# PYTHON* variables of the shell (PYTHONWARNINGS, PYTHONHASHSEED, ...) act at start-up, so the zygote execs a request
+# with others than its own: not passed, as a grader's sandbox passes none but those it sets
+ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 pytestmark = pytest.mark.skipif(jail.available() is not None, reason=f"no jail here: {jail.available()}")
 

@@ -21,9 +21,12 @@ from course_lib.grading.environment import ALLOWED
 from test_jail import sleepers
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "COURSE_ZYGOTE_PROBE": "given"}
+LOCALE = {name: os.environ[name] for name in ("LANG", "LC_ALL", "LC_CTYPE") if name in os.environ}  # the zygote's
+ENV = {**LOCALE, "PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+       "COURSE_ZYGOTE_PROBE": "given"}
 
-pytestmark = pytest.mark.skipif(jail.available() is not None, reason=f"no jail here: {jail.available()}")
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the zygote needs Linux (prctl)")
+needs_jail = pytest.mark.skipif(jail.available() is not None, reason=f"no jail here: {jail.available()}")
 
 
 def forked(code: str, work: Path, env=None, args=()) -> subprocess.CompletedProcess:
@@ -37,6 +40,7 @@ def forked(code: str, work: Path, env=None, args=()) -> subprocess.CompletedProc
         return subprocess.CompletedProcess(proc.args, returncode, out.read(), err.read())
 
 
+@needs_jail
 def test_a_forked_child_is_a_fresh_python_c(tmp_path):
     os.environ["COURSE_ZYGOTE_SECRET"] = "grader's"   # in the grader: never in the child
     try:
@@ -85,6 +89,7 @@ print(json.dumps({
 """
 
 
+@needs_jail
 @pytest.mark.parametrize("threads", ["1", "64", None])
 def test_a_forked_child_sees_what_an_execd_one_sees(tmp_path, threads):
     """The same probe jailed both ways, with the same request: everything it can see of its start is equal."""
@@ -105,6 +110,50 @@ def test_a_forked_child_sees_what_an_execd_one_sees(tmp_path, threads):
         assert forked[key] == value, f"{key}: forked {forked[key]!r}, exec'd {value!r}"
 
 
+@needs_jail
+def test_not_jailed_a_forked_child_sees_what_processes_start_gives(tmp_path):
+    """work=None (a learner's own make-it-small check): the probe forked sees what it sees exec'd, unjailed."""
+    env = {**ENV, "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    argv = [sys.executable, "-c", PROBE, "x"]
+    execd = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           start_new_session=True)
+    assert execd.returncode == 0, execd.stderr
+    with open(tmp_path.parent / "out", "w+") as out:
+        proc = zygote.popen(argv, None, (), None, env, tmp_path, subprocess.DEVNULL, out, None)
+        assert isinstance(proc, zygote.Process), zygote._failed
+        assert proc.wait(timeout=60) == 0
+        out.seek(0)
+        forked = json.loads(out.read())
+    for key, value in json.loads(execd.stdout).items():
+        assert forked[key] == value, f"{key}: forked {forked[key]!r}, exec'd {value!r}"
+    # a locale or PYTHON* variable other than the zygote's acts at start-up, which a fork cannot redo: exec'd
+    for other in ({**env, "LANG": "C" if LOCALE.get("LANG") != "C" else "C.UTF-8"}, {**env, "PYTHONHASHSEED": "7"}):
+        proc = zygote.popen([sys.executable, "-c", "import sys; print(sys.flags.utf8_mode, hash('a'))"], None, (),
+                            None, other, tmp_path, subprocess.DEVNULL, subprocess.PIPE)
+        assert isinstance(proc, subprocess.Popen) and proc.communicate(timeout=60)[0] and proc.returncode == 0
+    # what is not `python -c` runs as it is: not jailed, in a session of its own
+    proc = zygote.popen(["sh", "-c", "echo $HOME; ps -o sid= -p $$; echo $$"], None, (), None, env, tmp_path,
+                        subprocess.DEVNULL, subprocess.PIPE)
+    home, sid, pid = proc.communicate(timeout=60)[0].decode().split()
+    assert isinstance(proc, subprocess.Popen) and home == str(tmp_path) and sid == pid
+
+
+def test_an_idle_zygote_ends_and_the_next_request_starts_another(tmp_path, monkeypatch):
+    monkeypatch.setattr(zygote, "IDLE_S", 1.0)
+    monkeypatch.setattr(zygote, "_zygote", None)   # this test's own, with the short idle time
+    first = zygote.popen([sys.executable, "-c", "import time; time.sleep(3)"], None, (), None, ENV, tmp_path,
+                         subprocess.DEVNULL, subprocess.DEVNULL)
+    assert isinstance(first, zygote.Process) and first.wait(timeout=60) == 0
+    template = zygote._zygote.proc
+    assert template.wait(timeout=30) == 0, "the zygote outlived IDLE_S without a child"   # not while its child ran
+    second = zygote.popen([sys.executable, "-c", "print('again')"], None, (), None, ENV, tmp_path,
+                          subprocess.DEVNULL, subprocess.PIPE)
+    assert isinstance(second, zygote.Process) and zygote._zygote.proc is not template
+    assert second.stdout.read() == b"again\n" and second.wait(timeout=60) == 0
+    zygote._zygote.close()
+
+
+@needs_jail
 def test_exit_codes_exceptions_atexit_and_unflushed_output(tmp_path):
     run = forked("""
         import atexit, sys
@@ -119,12 +168,14 @@ def test_exit_codes_exceptions_atexit_and_unflushed_output(tmp_path):
     assert (run.returncode, run.stderr.strip()) == (1, "a message")
 
 
+@needs_jail
 def test_two_children_draw_different_random_numbers_as_two_fresh_pythons_do(tmp_path):
     code = "import random, numpy, torch; print(random.random(), numpy.random.random(), torch.rand(1).item())"
     first, second = (forked(code, tmp_path).stdout.split() for _ in range(2))
     assert all(a != b for a, b in zip(first, second)) and len(first) == 3, (first, second)
 
 
+@needs_jail
 def test_the_zygote_holds_only_the_allowed_environment():
     assert zygote._get() is not None
     names = {entry.split(b"=", 1)[0].decode() for entry in
@@ -133,6 +184,7 @@ def test_the_zygote_holds_only_the_allowed_environment():
     assert "COURSE_STUDENT_ID" not in names and "OMP_NUM_THREADS" not in names
 
 
+@needs_jail
 def test_what_is_not_python_c_or_cannot_be_passed_is_execd(tmp_path):
     proc = zygote.popen(["true"], tmp_path, [], None, ENV, tmp_path, subprocess.DEVNULL, subprocess.DEVNULL)
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=60) == 0
@@ -148,7 +200,7 @@ import os, subprocess, sys, time
 from pathlib import Path
 from course_lib.grading import zygote
 work, marker = Path(sys.argv[1]), os.environ.pop("SLEEP_MARKER")   # not in this process's command line
-env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"]}
+env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE")}
 def sleeper(folder):
     folder.mkdir()
     proc = zygote.popen([sys.executable, "-c", "import subprocess; subprocess.run(['sleep', %r])" % marker],
@@ -165,6 +217,7 @@ os.waitpid(child, 0)
 
 
 @pytest.mark.slow
+@needs_jail
 def test_a_forked_grader_gets_its_own_zygote_and_everything_ends_with_the_graders(tmp_path):
     marker = f"1000.{os.getpid()}{time.monotonic_ns() % 10**9:09d}"
     grader = subprocess.Popen([sys.executable, "-c", GRADER, str(tmp_path)], stdout=subprocess.PIPE, text=True,

@@ -37,7 +37,7 @@ import torch
 import course_lib
 
 from ..data import cache_dir, data_root
-from ..processes import kill_tree, start
+from ..processes import kill_tree
 from . import jail, wire, zygote
 from .environment import sealed
 from .limits import Limits
@@ -166,11 +166,10 @@ def student_command(argv: list, work: Path) -> list:
 
 def start_student(argv: list, work: Path, env: dict, **popen_kwargs):
     """processes.start(student_command(argv, work), ...) with `env` (added to the allow-listed environment);
-    a `python -c` jailed while grading is forked from the zygote instead (zygote.popen)."""
-    if _hidden is None or jail.available() is not None:
-        return start(argv, env=env, cwd=work, base=sealed(), **popen_kwargs)
-    return zygote.popen(argv, work, _hidden, _limits, {**sealed(), "OMP_NUM_THREADS": "1", **env}, work,
-                        **popen_kwargs)
+    a `python -c` is forked from the zygote instead (zygote.popen), jailed while grading."""
+    jailed = _hidden is not None and jail.available() is None
+    return zygote.popen(argv, work if jailed else None, _hidden if jailed else (), _limits if jailed else None,
+                        {**sealed(), "OMP_NUM_THREADS": "1", **env}, work, **popen_kwargs)
 
 
 class _Link:

@@ -2,8 +2,9 @@
 
     replies, printed = run_child("compress", {"code": code, "state": state_dict, **readable})
 
-`run_child(role, request, later)` starts a fresh Python (python -c _CHILD role) in a session of its
-own (course_lib.processes.start), one thread (OMP_NUM_THREADS=1: a busy grading machine then slows
+`run_child(role, request, later)` starts a fresh Python (python -c _CHILD role, forked from the
+zygote that imported torch where the machine allows: course_lib.grading.zygote) in a session of its
+own, one thread (OMP_NUM_THREADS=1: a busy grading machine then slows
 it down least), in a private temporary folder, and talks to it in frames (8-byte length +
 torch.save bytes, loaded with weights_only) on its stdin/stdout; what the answer prints goes to a
 log. The child execs the answer's code as __main__ and runs compress (on the state dict it was

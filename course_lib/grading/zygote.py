@@ -1,6 +1,7 @@
-"""Jailed Python processes forked from a template that has imported torch: seconds less per sandbox.
+"""Python processes forked from a template that has imported torch: seconds less per sandbox.
 
     proc = zygote.popen([sys.executable, "-c", code, *args], work, hide, limits, env, cwd, stdin=PIPE, ...)
+    proc = zygote.popen([sys.executable, "-c", code, *args], None, (), None, env, cwd, ...)   # not jailed
 
 A sandbox is a new Python that imports torch (about 3 CPU-s) and, at its first optimizer step,
 torch._dynamo (2 more). Every grading starts several, so the grader keeps one template process, the
@@ -9,15 +10,18 @@ which imports torch, torch._dynamo and IPython's shell and nothing of the course
 solution, no grader state is ever in its memory), then forks a child per request. The child (single-
 threaded, as a fork is) closes every descriptor but the three it was sent, takes the request's
 environment, enters the jail itself (jail.enter: namespaces, read-only file system, nobody or no
-capabilities, limits) and runs the code as `python -c` would: a fresh __main__, sys.argv, sys.path
+capabilities, limits; or not, for `work=None`: a learner's own check, run as processes.start would) and
+runs the code as `python -c` would: a fresh __main__, sys.argv, sys.path
 from PYTHONPATH, torch's thread count from OMP_NUM_THREADS, new random seeds (Python's, numpy's,
 torch's), atexit handlers its own.
 
 `popen` returns a Popen-like handle (pid, stdin, stdout, poll, wait, returncode) whose exit code the
-zygote reports; kill it with processes.kill_tree as any other. Where the zygote cannot run (no jail,
-a command that is not `python -c`, a zygote that failed to start) it falls back to exec'ing
-`jail.wrap(argv)`. The zygote ends when its grader does: its socket closes, or it is orphaned; its
-children die with it (parent-death signal), and their jails with them.
+zygote reports; kill it with processes.kill_tree as any other. Where the zygote cannot run (no jail
+for a jailed request, not Linux, a command that is not `python -c`, a zygote that failed to start) it
+falls back to exec'ing `jail.wrap(argv)` (or argv itself, not jailed). The zygote ends when its grader
+does (its socket closes, or it is orphaned) or after IDLE_S without a child (a learner's kernel keeps
+no idle 0.7 GB process; the next request starts a new one); its children die with it (parent-death
+signal), and their jails with them.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import types
 
 if __package__:
@@ -42,8 +47,10 @@ else:   # run as a script: the jail sits beside this file, and course_lib is nev
 
 _MAX_MESSAGE = 1 << 20
 _READY_S, _SPAWN_S = 120.0, 30.0
+IDLE_S = 120.0
 _PRELOAD = ("torch", "torch._dynamo", "IPython.core.interactiveshell")
 _PER_CHILD = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "COURSE_STUDENT_ID")   # not the zygote's
+_BECOME = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")   # what a child sets from its request
 
 
 def _send(sock, message: dict, fds=()) -> None:
@@ -65,9 +72,9 @@ def _receive(sock) -> tuple[dict | None, list[int]]:
     return json.loads(data), list(fds)
 
 
-# ---- the zygote (run as `python zygote.py FD`) ----
+# ---- the zygote (run as `python zygote.py FD IDLE_S`) ----
 
-def _serve(fd: int) -> None:
+def _serve(fd: int, idle_s: float) -> None:
     sock = socket.socket(fileno=fd)
     import importlib
     for name in _PRELOAD:
@@ -85,13 +92,17 @@ def _serve(fd: int) -> None:
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)   # only to wake select through the wakeup descriptor
     gc.freeze()          # what the children inherit is never collected there: fewer copied pages
-    parent = os.getppid()
+    parent, children, idle_since = os.getppid(), set(), time.monotonic()
     _send(sock, {"ready": True})
     while os.getppid() == parent:   # orphaned: the grader is gone
         ready = select.select([sock, wake_read], [], [], 1.0)[0]
         if wake_read in ready:
             os.read(wake_read, 4096)
-        _reap(sock)
+        children -= _reap(sock)
+        if children:
+            idle_since = time.monotonic()
+        elif sock not in ready and time.monotonic() - idle_since > idle_s:
+            return   # a request sent now finds the socket closed: the grader then execs it
         if sock in ready:
             request, fds = _receive(sock)
             if request is None:
@@ -106,17 +117,21 @@ def _serve(fd: int) -> None:
                     os._exit(125)
             for received in fds:
                 os.close(received)
+            children.add(pid)
             _send(sock, {"pid": pid})
 
 
-def _reap(sock) -> None:
+def _reap(sock) -> set[int]:
+    """Report every child that ended; their pids."""
+    ended = set()
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return ended
         if pid == 0:
-            return
+            return ended
+        ended.add(pid)
         _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
@@ -140,6 +155,8 @@ def _child(request: dict, fds: list[int], sock, base: dict) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     argv = request["argv"]
+    if request["work"] is None:   # not jailed: a learner's own check, as processes.start would run it
+        _become(argv, request["env"], base)
     jail.enter(request["work"], request["hide"], request["user"], request["rlimits"], jail._needed(argv),
                lambda env: _become(argv, env, base))
 
@@ -244,11 +261,11 @@ class Process:
 class _Zygote:
     def __init__(self, env: dict):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(theirs.fileno()), str(IDLE_S)],
                                      pass_fds=[theirs.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
-        self.sock, self.owner, self.lock = ours, os.getpid(), threading.Lock()
+        self.sock, self.owner, self.lock, self.env = ours, os.getpid(), threading.Lock(), env
         self.changed = threading.Condition()
         self.records: dict[int, _Record] = {}
         self.replies: list = []
@@ -337,6 +354,14 @@ def _get() -> _Zygote | None:
         return _zygote
 
 
+def _starts_as(env: dict, zygote_env: dict) -> bool:
+    """Whether a Python started with `env` starts as the zygote did, but for what a child sets (_BECOME): the
+    locale (UTF-8 mode, stream encodings) and PYTHON* variables (warnings, hash seed, ...) act only at start-up."""
+    names = {name for name in (*env, *zygote_env)
+             if name in ("LANG", "LC_ALL", "LC_CTYPE") or name.startswith("PYTHON") and name not in _BECOME}
+    return all(env.get(name) == zygote_env.get(name) for name in names)
+
+
 def _descriptor(spec, number: int, keep: list, send: list, close: list) -> None:
     """The child's descriptor `number` (0, 1, 2) as Popen takes it: PIPE, DEVNULL, None (this process's own),
     a descriptor or a file; appends this side's stream (or None) to `keep`, the descriptor to `send`."""
@@ -360,19 +385,23 @@ def _descriptor(spec, number: int, keep: list, send: list, close: list) -> None:
 
 
 def popen(argv: list, work, hide, limits, env: dict, cwd, stdin=None, stdout=None, stderr=None, user: bool = True):
-    """`argv` jailed in `work` (jail.wrap's arguments: as nobody if `user` and possible), forked from the zygote
-    where argv is `python -c` with this Python, else exec'd; a Process or subprocess.Popen, in a session of
-    its own either way. stdin, stdout, stderr: as Popen takes them (not STDOUT)."""
+    """`argv` jailed in `work` (jail.wrap's arguments: as nobody if `user` and possible; work=None: not jailed,
+    `env` exactly, as processes.start runs a command), forked from the zygote where argv is `python -c` with
+    this Python, else exec'd; a Process or subprocess.Popen, in a session of its own either way.
+    stdin, stdout, stderr: as Popen takes them (STDOUT only where it is exec'd)."""
     argv = [str(a) for a in argv]
-    user = user and os.geteuid() == 0 and jail.can_drop_user()
-    if argv[:2] == [sys.executable, "-c"] and len(argv) >= 3 and jail.available() is None:
+    jailed = work is not None
+    user = jailed and user and os.geteuid() == 0 and jail.can_drop_user()
+    if argv[:2] == [sys.executable, "-c"] and len(argv) >= 3 and (jail.available() is None if jailed
+                                                                   else jail._libc is not None):
         zygote = _get()
-        if zygote is not None:
+        if zygote is not None and _starts_as(env, zygote.env):
             keep, send, close = [], [], []
             try:
                 for number, spec in enumerate((stdin, stdout, stderr)):
                     _descriptor(spec, number, keep, send, close)
-                request = {"argv": argv, "work": os.path.abspath(work), "hide": [os.path.abspath(p) for p in hide],
+                request = {"argv": argv, "work": jailed and os.path.abspath(work) or None,
+                           "hide": [os.path.abspath(p) for p in hide],
                            "user": user, "rlimits": [f"{k}={v}" for k, v in (limits.rlimits().items() if limits else ())],
                            "env": env, "cwd": os.path.abspath(cwd)}
                 pid, record = zygote.spawn(request, send)
@@ -384,9 +413,9 @@ def popen(argv: list, work, hide, limits, env: dict, cwd, stdin=None, stdout=Non
             finally:
                 for fd in close:
                     os.close(fd)
-    return subprocess.Popen(jail.wrap(argv, work=work, hide=hide, user=user, limits=limits), env=env, cwd=cwd,
-                            stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True)
+    return subprocess.Popen(jail.wrap(argv, work=work, hide=hide, user=user, limits=limits) if jailed else argv,
+                            env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True)
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(int(sys.argv[1]), float(sys.argv[2]))
