@@ -124,6 +124,15 @@ def test_off_writes_nothing(progress, monkeypatch, capsys):
     assert record.load()["attempts"] == [] and progress.read_text() == "{not json"   # not even set aside
 
 
+def test_nbgrader_autograde_records_nothing_its_validate_does(progress, monkeypatch):
+    """autograde runs the students' notebooks on the TA's machine: not the TA's progress. A learner validating
+    their own notebook (nbgrader validate) is their own work."""
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    assert not record.enabled() and record.record(TEST, True) is None and not progress.exists()
+    monkeypatch.setenv("NBGRADER_EXECUTION", "validate")
+    assert record.enabled() and record.record(TEST, True)["attempt"] == 1
+
+
 def test_the_practica_are_never_recorded(progress):
     assert record.record("practicum_scale_out_launch_test", True) is None and not progress.exists()
     assert record.record("pr_small_floor_test", False) is None and not progress.exists()

@@ -77,10 +77,13 @@ def test_every_source_generates_the_exercise_we_ship(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_autograde_exercise_07_solution_full_and_release_zero(tmp_path):
+def test_autograde_exercise_07_solution_full_and_release_zero(tmp_path, monkeypatch):
     name = "07_ddp_exercises.ipynb"
     api = course(tmp_path, "ex07", [ROOT / "solutions" / name])
+    monkeypatch.setenv("COURSE_PROGRESS_DIR", str(tmp_path / "ta_progress"))   # the TA's record, as the kernels see it
+    monkeypatch.delenv("COURSE_PROGRESS", raising=False)
     solved = autograde(api, tmp_path, "ex07", "solver", {name: ROOT / "solutions" / name})
+    assert not (tmp_path / "ta_progress").exists(), "autograding wrote the students' checks into the TA's progress"
     assert solved == {"ex07_shard_indices_test": 3, "ex07_should_checkpoint_test": 2, "ex07_bucket_hooks_test": 5,
                       "total": 10, "max": 10}
     untouched = autograde(api, tmp_path, "ex07", "idle", {name: tmp_path / "release" / "ex07" / name})

@@ -3,7 +3,8 @@
 Where: `$COURSE_PROGRESS_DIR/progress.json`, else `$XDG_DATA_HOME/course_lib/progress.json`, else
 `~/.local/share/course_lib/progress.json`. On Colab that is /root/.local/share/course_lib (gone when the runtime
 is recycled; point COURSE_PROGRESS_DIR at a mounted Drive folder to keep it); on Binder it goes with the session.
-`COURSE_PROGRESS=off` (or 0, false, no) records nothing.
+`COURSE_PROGRESS=off` (or 0, false, no) records nothing; nor does nbgrader's autograde (NBGRADER_EXECUTION=autograde:
+a TA's machine running the students' notebooks, whose checks are not the TA's progress).
 
 What: per check call, the test's grade_id, the notebook, passed or not, the attempt number, the UTC time and the
 first 16 hex digits of the sha256 of the answer cell's source (never the source); per exercise notebook opened,
@@ -43,7 +44,8 @@ def path() -> Path:
 
 
 def enabled() -> bool:
-    return os.environ.get("COURSE_PROGRESS", "").strip().lower() not in OFF
+    return (os.environ.get("COURSE_PROGRESS", "").strip().lower() not in OFF
+            and os.environ.get("NBGRADER_EXECUTION") != "autograde")
 
 
 def _note(text: str, kind: str | None = None) -> None:
