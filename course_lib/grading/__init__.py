@@ -9,7 +9,8 @@
     answers.py            the sandbox's side: run the student's cells, answer calls with plain data
     wire.py               what crosses between them: pickle in, plain data (weights_only) out
     jail.py               run a command in Linux namespaces: read-only files, private /tmp, own PIDs, nobody
-    zygote.py             jailed `python -c` sandboxes forked from a process that imported torch (not exec'd)
+    zygote.py             `python -c` sandboxes forked (jailed, or not) from a process that imported torch
+    zygote_server.py      ... that process itself: forks a child per request, which becomes a fresh python -c
     limits.py             resource limits (memory, CPU time, processes) for the processes of one submission
     environment.py        the allow-list of the grader's environment that student processes start from
     exercises.py          python -m course_lib.exercises: the student notebooks from solutions/

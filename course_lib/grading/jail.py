@@ -19,7 +19,7 @@ processes; wall-clock time is the caller's job.
 
 wrap() starts this file in isolated mode (python -I -S jail.py), not `python -m
 course_lib.grading.jail`: that would import course_lib and so torch, seconds per start. enter() jails
-the process that calls it, without an exec: the grading zygote's children (zygote.py) use it, so the
+the process that calls it, without an exec: the grading zygote's children (zygote_server.py) use it, so the
 capabilities a user namespace grants are cleared here (capset), not left to an exec.
 """
 from __future__ import annotations
@@ -302,7 +302,7 @@ def enter(work: str, hide: list[str], user: bool, rlimits: list[str], needed: li
     """Jail this process (single-threaded; it stays outside, as the jail's outer process) and call
     `run(env)` in the jailed command process, which must exec or exit; never returns. `user`: a root
     grader runs the command as nobody; `rlimits`: NAME=VALUE pairs; `needed`: what stays readable
-    (_needed). `python jail.py` runs an exec; the zygote (zygote.py) runs Python code it has loaded."""
+    (_needed). `python jail.py` runs an exec; the zygote (zygote_server.py) runs Python code it has loaded."""
     uid, gid = os.geteuid(), os.getegid()
     # PID 1 of a namespace ignores signals it has no handler for: blocked, they wait for the handlers
     signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
