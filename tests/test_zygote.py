@@ -8,6 +8,7 @@ zygote and its children end with the grader.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -136,6 +137,21 @@ def test_not_jailed_a_forked_child_sees_what_processes_start_gives(tmp_path):
                         subprocess.DEVNULL, subprocess.PIPE)
     home, sid, pid = proc.communicate(timeout=60)[0].decode().split()
     assert isinstance(proc, subprocess.Popen) and home == str(tmp_path) and sid == pid
+
+
+def test_messages_carry_descriptors_and_a_truncated_or_empty_one_reads_as_the_end(tmp_path):
+    from course_lib.grading.zygote_server import receive, send
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs, open(tmp_path / "f", "w+") as f:
+        send(ours, {"pid": 7}, [f.fileno()])
+        message, fds = receive(theirs)
+        assert message == {"pid": 7} and len(fds) == 1 and os.fstat(fds[0]).st_ino == os.fstat(f.fileno()).st_ino
+        os.close(fds[0])
+        before = len(os.listdir("/proc/self/fd"))
+        send(ours, {"pid": 8}, [f.fileno()] * 5)   # room for three (four, aligned): the control data is truncated
+        assert receive(theirs) == (None, []) and len(os.listdir("/proc/self/fd")) == before   # those received closed
+        ours.shutdown(socket.SHUT_RDWR)
+        assert receive(theirs) == (None, [])                      # the other side is gone
 
 
 def test_an_idle_zygote_ends_and_the_next_request_starts_another(tmp_path, monkeypatch):

@@ -167,9 +167,10 @@ def student_command(argv: list, work: Path) -> list:
 def start_student(argv: list, work: Path, env: dict, **popen_kwargs):
     """processes.start(student_command(argv, work), ...) with `env` (added to the allow-listed environment);
     a `python -c` is forked from the zygote instead (zygote.popen), jailed while grading."""
-    jailed = _hidden is not None and jail.available() is None
-    return zygote.popen(argv, work if jailed else None, _hidden if jailed else (), _limits if jailed else None,
-                        {**sealed(), "OMP_NUM_THREADS": "1", **env}, work, **popen_kwargs)
+    env = {**sealed(), "OMP_NUM_THREADS": "1", **env}
+    if _hidden is None or jail.available() is not None:
+        return zygote.popen(argv, None, (), None, env, work, **popen_kwargs)
+    return zygote.popen(argv, work, _hidden, _limits, env, work, **popen_kwargs)
 
 
 class _Link:

@@ -216,7 +216,7 @@ def popen(argv: list, work, hide, limits, env: dict, cwd, stdin=None, stdout=Non
             try:
                 for number, spec in enumerate((stdin, stdout, stderr)):
                     _descriptor(spec, number, keep, send, close)
-                request = {"argv": argv, "work": jailed and os.path.abspath(work) or None,
+                request = {"argv": argv, "work": os.path.abspath(work) if jailed else None,
                            "hide": [os.path.abspath(p) for p in hide],
                            "user": user, "rlimits": [f"{k}={v}" for k, v in (limits.rlimits().items() if limits else ())],
                            "env": env, "cwd": os.path.abspath(cwd)}
