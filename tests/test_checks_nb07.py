@@ -194,6 +194,9 @@ WRONG_HOOKS = {   # name: (source, the message the check must give)
                                      "            work.get_future().wait()\n"
                                      "            pending.append((buckets[b], flat, work))"), "the hook waited"),
     "no_wait_in_finish": (_variant("            work.wait()\n", ""), "still in flight when finish\\(\\) returned"),
+    # sleeping instead of waiting: the bucket would have arrived meanwhile, were rank 1 not held until a wait
+    "sleeps_in_finish": (_variant("            work.wait()\n", "            __import__('time').sleep(0.5)\n"),
+                         "still in flight when finish\\(\\) returned"),
     "no_copy_back": (_variant("            for q, g in zip(params, flat.split([q.numel() for q in params])):\n"
                               "                q.grad.copy_(g.view_as(q))\n", ""), "never reached p.grad"),
     "slices_in_wrong_order": (_variant("zip(params, flat.split([q.numel() for q in params]))",
@@ -264,6 +267,8 @@ def test_bucket_hooks_check_passes_correct_answers_and_rejects_wrong_ones():
     from many_answers import cases_many, function_name, judge_or_raise
 
     answers = {"solution": _solution_source(), "set_counting": SET_COUNTING, "with_futures": WITH_FUTURES,
+               "polls": _variant("            work.wait()\n", "            while not work.is_completed():\n"
+                                 "                pass\n"),
                "stub": "def stub_hooks(buckets):\n    raise NotImplementedError()\n",
                **{k: src for k, (src, _) in WRONG_HOOKS.items()}}
     runs = launch(cases_many, 2, bucket_hook_cases, [(src, function_name(src)) for src in answers.values()],

@@ -6,8 +6,10 @@ are passed explicitly), against the rules of rank-0-only checkpointing, and agai
 DistributedDataParallel on 2 gloo ranks. Overlap is judged by ORDER and by WAITING, not by time: the
 check logs each gradient as autograd produces it and each dist.all_reduce call, and asks that every
 bucket's all-reduce is launched (async) once its gradients are ready, while later gradients are still to
-come; and, with rank 1 held back until rank 0's backward has returned, that none of rank 0's all-reduces
-has completed when its backward moves on (one that has, rank 0 waited for inside backward).
+come. In the first step rank 1 is held back until rank 0 first waits for an all-reduce (any work's or
+future's wait, or a poll of one) or its finish() has returned, so none of rank 0's all-reduces can complete
+unless rank 0 waited for it: one completed when backward moved on means a hook waited; one still in flight
+when finish() returned means finish() never waited for it. Both are then certain, not a race.
 """
 from __future__ import annotations
 
@@ -112,9 +114,10 @@ def check_should_checkpoint(should_checkpoint) -> None:
 WIDTHS = (20, 24, 32, 16, 5)     # 4 Linear layers; the second has no bias
 BUCKET_LAYERS = ((3,), (2, 1), (0,))   # last layer first; buckets of 2, 3 and 2 parameters, each of another size
 STEPS = 2                        # the second step shows that the hooks reset after the first
-HOLD_S = 3.0   # step 1: rank 1 starts backward once rank 0's has returned, or after this long (a busy machine
-               # may stall a process for a second; a right answer never waits for it, a waiting one pays it)
-STARTS, RETURNED = "nb07/rank 0 starts backward", "nb07/rank 0's backward returned"   # store keys, for the hold
+HOLD_S = 3.0   # step 1: rank 1 starts backward once rank 0 waits, or after this long (a safety net for a wait
+               # not watched here, such as a barrier: a right answer that never waits as watched pays it once)
+STARTS, RELEASED = "nb07/rank 0 starts backward", "nb07/rank 0 waits, or is done"   # store keys, for the hold
+_IS_COMPLETED, _DONE = dist.Work.is_completed, torch._C.Future.done   # unwatched: the recorder's own look
 
 
 def _model() -> nn.Sequential:
@@ -148,27 +151,51 @@ class _Recorder:
         # A blocking all_reduce returns None: done. gloo completes a work's future before the work itself
         # (ProcessGroupGloo's finishWorkGloo: the future's result, then finish()), so an answer that waited on the
         # future (get_future().wait(), torch.futures.wait_all) can see is_completed() False for a moment.
-        return work is None or work.is_completed() or work.get_future().done()
+        return work is None or _IS_COMPLETED(work) or _DONE(work.get_future())
 
 
-def _hold_rank_1(rank: int, step: int) -> None:
-    """Before the backward of step 1: rank 0 says it starts; rank 1 waits for that, then until rank 0's backward has
-    returned (HOLD_S at most). No all-reduce of rank 0 can complete before rank 1 launches it, so one that completed
-    before rank 0's backward moved on means rank 0 waited for it inside backward (and so held rank 1 for HOLD_S)."""
-    store = dist.distributed_c10d._get_default_store()
-    if rank == 0 and step == 0:
-        store.set(STARTS, "1")
-    if rank == 1 and step == 0:
-        for key, seconds in ((STARTS, 60), (RETURNED, HOLD_S)):
-            try:
-                store.wait([key], datetime.timedelta(seconds=seconds))
-            except dist.DistStoreError:
-                pass
+class _Hold:
+    """Step 1's hold: rank 1 starts its backward only once rank 0 has started waiting for an all-reduce, or has
+    returned from finish() (HOLD_S at most). No all-reduce of rank 0 can complete before rank 1 launches it."""
+    WATCHED = ((dist.Work, "wait"), (dist.Work, "is_completed"), (torch._C.Future, "wait"), (torch._C.Future, "done"))
 
+    def __init__(self, rank: int):
+        self.rank, self.armed = rank, False
+        self.store = dist.distributed_c10d._get_default_store()
+        self.originals = [getattr(cls, name) for cls, name in self.WATCHED]
 
-def _release_rank_1(rank: int, step: int) -> None:
-    if rank == 0 and step == 0:
-        dist.distributed_c10d._get_default_store().set(RETURNED, "1")
+    def __enter__(self):
+        def watched(original):
+            def call(obj, *args, **kwargs):
+                self.release()            # rank 0 starts to wait: now rank 1 may launch
+                return original(obj, *args, **kwargs)
+            return call
+        for (cls, name), original in zip(self.WATCHED, self.originals):
+            setattr(cls, name, watched(original))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for (cls, name), original in zip(self.WATCHED, self.originals):
+            setattr(cls, name, original)
+
+    def start(self, step: int) -> None:
+        """Before a backward: in step 1, rank 0 says it starts and arms; rank 1 waits to be released."""
+        if step != 0:
+            return
+        if self.rank == 0:
+            self.store.set(STARTS, "1")
+            self.armed = True
+        elif self.rank == 1:
+            for key, seconds in ((STARTS, 60), (RELEASED, HOLD_S)):
+                try:
+                    self.store.wait([key], datetime.timedelta(seconds=seconds))
+                except dist.DistStoreError:
+                    pass
+
+    def release(self) -> None:
+        if self.armed:
+            self.armed = False
+            self.store.set(RELEASED, "1")
 
 
 def bucket_hook_cases(rank: int, world_size: int, source: str, name: str) -> list:
@@ -195,42 +222,48 @@ def bucket_hook_cases(rank: int, world_size: int, source: str, name: str) -> lis
     out = []
     try:
         finish = fn(buckets)
-        for step in range(STEPS):
-            g = torch.Generator().manual_seed(10 * rank + step)
-            x, y = torch.randn(8, WIDTHS[0], generator=g), torch.randint(0, WIDTHS[-1], (8,), generator=g)
-            model.zero_grad()
-            rec = now["rec"] = _Recorder()
-            loss = nn.functional.cross_entropy(model(x), y)
-            _hold_rank_1(rank, step)
-            try:
-                loss.backward()
-            except AttributeError as exc:
-                if "NoneType" not in str(exc):
-                    raise
-                raise RuntimeError(f"step {step + 1}: {exc}: a hook read a gradient that backward has not produced "
-                                   "yet (p.grad is None); launch a bucket only when ALL its gradients are "
-                                   "ready") from None
-            finally:
-                rec.event(("backward returned",))
-                _release_rank_1(rank, step)     # also when backward failed
-            if callable(finish):
-                finish()
-            done_after_finish = [rec.done(w) for w in rec.works]   # now: DDP's all-reduces below wait for all
-            reference.zero_grad()
-            nn.functional.cross_entropy(reference(x), y).backward()
-            plain.zero_grad()
-            nn.functional.cross_entropy(plain(x), y).backward()
-            grads = [p.grad if p.grad is not None else torch.full_like(p, float("nan")) for p in params]
-            mean = [p.grad for p in reference.parameters()]
-            own = [p.grad for p in plain.parameters()]
-            out.append({"log": list(rec.log), "finish_callable": callable(finish),
-                        "done_at_next_event": rec.done_at_next_event,
-                        "done_after_finish": done_after_finish,
-                        "error": max_diff(grads, mean), "error_vs_sum": max_diff(grads, [world_size * m for m in mean]),
-                        "error_vs_own": min(max_diff(grads, own), max_diff(grads, [o / world_size for o in own]))})
+        with _Hold(rank) as hold:
+            out = [_step(rank, world_size, step, model, plain, reference, finish, now, hold) for step in range(STEPS)]
     finally:
         dist.all_reduce = original
     return out
+
+
+def _step(rank: int, world_size: int, step: int, model, plain, reference, finish, now: dict, hold: _Hold) -> dict:
+    """One backward pass with the learner's hooks, then finish(); what the worker's docstring lists."""
+    params = list(model.parameters())
+    g = torch.Generator().manual_seed(10 * rank + step)
+    x, y = torch.randn(8, WIDTHS[0], generator=g), torch.randint(0, WIDTHS[-1], (8,), generator=g)
+    model.zero_grad()
+    rec = now["rec"] = _Recorder()
+    loss = nn.functional.cross_entropy(model(x), y)
+    hold.start(step)
+    try:
+        try:
+            loss.backward()
+        except AttributeError as exc:
+            if "NoneType" not in str(exc):
+                raise
+            raise RuntimeError(f"step {step + 1}: {exc}: a hook read a gradient that backward has not produced "
+                               "yet (p.grad is None); launch a bucket only when ALL its gradients are ready") from None
+        finally:
+            rec.event(("backward returned",))
+        if callable(finish):
+            finish()
+        done_after_finish = [rec.done(w) for w in rec.works]   # now: DDP's all-reduces below wait for all
+    finally:
+        hold.release()     # also when backward or finish() failed
+    reference.zero_grad()
+    nn.functional.cross_entropy(reference(x), y).backward()
+    plain.zero_grad()
+    nn.functional.cross_entropy(plain(x), y).backward()
+    grads = [p.grad if p.grad is not None else torch.full_like(p, float("nan")) for p in params]
+    mean = [p.grad for p in reference.parameters()]
+    own = [p.grad for p in plain.parameters()]
+    return {"log": list(rec.log), "finish_callable": callable(finish), "done_at_next_event": rec.done_at_next_event,
+            "done_after_finish": done_after_finish,
+            "error": max_diff(grads, mean), "error_vs_sum": max_diff(grads, [world_size * m for m in mean]),
+            "error_vs_own": min(max_diff(grads, own), max_diff(grads, [o / world_size for o in own]))}
 
 
 def _bucket_numels() -> list:
@@ -295,13 +328,12 @@ def _judge_launches(where: str, log: list, step: int) -> None:
 
 def _judge_overlap(where: str, case: dict, rank_1_held: bool) -> None:
     """Each all-reduce still in flight when backward moved on (judged where rank 1 held its launches back until
-    rank 0's backward had returned), and completed when finish() returned."""
+    rank 0 waited), and completed when finish() returned."""
     for b, done in enumerate(case["done_at_next_event"] if rank_1_held else []):
         expect(not done, f"{where}: bucket {b}'s all-reduce had already completed when backward went on, although "
-               f"rank 1 started its backward only after rank 0's had returned (or {HOLD_S} s had passed): the "
-               "hook waited for the all-reduce (work.wait(), .get_future().wait(), or another blocking "
-               "call), and backward stood still while the bucket travelled: nothing overlaps. Keep the work and "
-               "wait for it in finish().")
+               "rank 1 launched its all-reduces only once rank 0 waited for one: the hook waited for the "
+               "all-reduce (work.wait(), .get_future().wait(), or another blocking call), and backward stood still "
+               "while the bucket travelled: nothing overlaps. Keep the work and wait for it in finish().")
     for b, done in enumerate(case["done_after_finish"]):
         expect(done, f"{where}: bucket {b}'s all-reduce was still in flight when finish() returned: call wait() on "
                "each work in finish(), before reading the all-reduced tensor")
