@@ -139,6 +139,53 @@ def test_not_jailed_a_forked_child_sees_what_processes_start_gives(tmp_path):
     assert isinstance(proc, subprocess.Popen) and home == str(tmp_path) and sid == pid
 
 
+# Reads the writable private memory this process inherited; prints how many times PREFIX is followed by the
+# 32 characters whose sha256 is argv[1] (this process never holds those characters itself).
+SCAN = """
+import hashlib, re, sys
+prefix, wanted, found = b"ZYGOTE-MARK-", sys.argv[1], 0
+held = [("ZYGOTE-MARK-" + secret).encode() for secret in sys.argv[2:]]   # the control: a marker held here
+with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+    for line in maps:
+        span, perms, *rest = line.split()
+        if perms.startswith("rw") and (len(rest) < 4 or rest[3] in ("[heap]", "[stack]")):
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(start)
+                data = mem.read(end - start)
+            except OSError:
+                continue
+            for m in re.finditer(re.escape(prefix), data):
+                found += hashlib.sha256(data[m.end():m.end() + 32]).hexdigest() == wanted
+print(found)
+"""
+
+
+def test_no_child_inherits_an_earlier_request(tmp_path):
+    """The zygote forks before a request is read: another student's environment, paths and code never reach the
+    memory the next child inherits (a child reads its own request after the fork)."""
+    import hashlib
+    import uuid
+    secret = uuid.uuid4().hex                                     # 32 characters
+    marker = "ZYGOTE-MARK-" + secret
+    first = zygote.popen([sys.executable, "-c", f"# {marker}", marker], None, (), None,
+                         {**ENV, "COURSE_ZYGOTE_PROBE": marker}, tmp_path, subprocess.DEVNULL, subprocess.DEVNULL)
+    assert isinstance(first, zygote.Process), zygote._failed
+    assert first.wait(timeout=60) == 0
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    found = []
+    for held in ([secret], []):          # first the control: the scan finds a marker its process holds
+        with open(tmp_path / "out", "w+") as out:
+            scan = zygote.popen([sys.executable, "-c", SCAN, digest, *held], None, (), None, ENV, tmp_path,
+                                subprocess.DEVNULL, out)
+            assert isinstance(scan, zygote.Process), zygote._failed
+            assert scan.wait(timeout=120) == 0
+            out.seek(0)
+            found.append(int(out.read()))
+    assert found[0] >= 1, "the scan does not find a marker its own process holds"
+    assert found[1] == 0, f"a child found an earlier request's marker {found[1]} times in the memory it inherited"
+
+
 def test_messages_carry_descriptors_and_a_truncated_or_empty_one_reads_as_the_end(tmp_path):
     from course_lib.grading.zygote_server import receive, send
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

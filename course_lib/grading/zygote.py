@@ -7,7 +7,8 @@ A sandbox is a new Python that imports torch (about 3 CPU-s) and, at its first o
 torch._dynamo (2 more). Every grading starts several, so each grader process keeps one template
 process, the zygote (zygote_server.py: what it holds, and how its children become a fresh jailed
 `python -c`), started with the allow-listed environment only (grading.environment); it imports
-torch, torch._dynamo and IPython's shell and nothing of the course, then forks a child per request.
+torch, torch._dynamo and IPython's shell and nothing of the course, then forks a child per request
+(which reads the request itself: no child inherits an earlier one, another student's, from the zygote).
 A request whose locale or PYTHON* variables differ from the zygote's is exec'd instead: those act
 only when an interpreter starts.
 

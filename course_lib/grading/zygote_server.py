@@ -4,7 +4,7 @@ Started by course_lib.grading.zygote (the grader's side, which says why) with th
 environment only, it imports torch, torch._dynamo and IPython's shell and nothing of the course (it
 runs as a script beside jail.py: no test, no solution, no grader state is ever in its memory), says
 it is ready on the socket FD, and forks a child per request (a JSON message with the child's three
-descriptors attached). The child (single-threaded, as a fork is) closes every descriptor but those
+descriptors attached), which reads that request itself: the zygote never holds one. The child (single-threaded, as a fork is) closes every descriptor but those
 three, takes the request's environment, enters the jail itself (jail.enter; not for a request with
 no work folder) and runs the code as `python -c` would: a fresh __main__, sys.argv, sys.path from
 PYTHONPATH, the C locale coerced, torch's thread count from OMP_NUM_THREADS, new random seeds
@@ -86,21 +86,38 @@ def _serve(fd: int, idle_s: float) -> None:
         elif sock not in ready and time.monotonic() - idle_since > idle_s:
             return   # a request sent now finds the socket closed: the grader then execs it
         if sock in ready:
-            request, fds = receive(sock)
-            if request is None:
+            pid, read = _fork_reader(sock, base)
+            if read == b"end":
                 return
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    _child(request, fds, sock, base)
-                except BaseException as exc:  # noqa: BLE001 - said on the sandbox's stderr, as the jail says its own
-                    os.write(2, f"zygote: {type(exc).__name__}: {exc}\n".encode(errors="replace"))
-                finally:
-                    os._exit(125)
-            for received in fds:
-                os.close(received)
-            children.add(pid)
-            send(sock, {"pid": pid})
+            if read == b"read":
+                children.add(pid)
+                send(sock, {"pid": pid})
+
+
+def _fork_reader(sock, base: dict) -> tuple[int, bytes]:
+    """Fork, then let the child read the request: the zygote never holds one, so no child finds an earlier
+    request (another student's id, paths, environment) in the memory it inherits. (pid, b"read") once the child
+    has it; b"end" when the socket closed; b"" when the child died before it could say (the request, if unread,
+    is read by the next fork)."""
+    said_read, say_read = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(said_read)
+        try:
+            request, fds = receive(sock)
+            os.write(say_read, b"end" if request is None else b"read")
+            os.close(say_read)
+            if request is not None:
+                _child(request, fds, sock, base)
+        except BaseException as exc:  # noqa: BLE001 - said on the sandbox's stderr, as the jail says its own
+            os.write(2, f"zygote: {type(exc).__name__}: {exc}\n".encode(errors="replace"))
+        finally:
+            os._exit(125)
+    os.close(say_read)
+    try:
+        return pid, os.read(said_read, 8)
+    finally:
+        os.close(said_read)
 
 
 def _reap(sock) -> set[int]:
