@@ -1,4 +1,5 @@
 import atexit
+import getpass
 import os
 import shutil
 import struct
@@ -13,6 +14,18 @@ from hypothesis import settings
 from course_lib.data import find_mnist
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+# The suite's temporary files go to a folder of its own, removed when the run ends: nbval stops each kernel with
+# a kill, so a lecture's atexit cleanup (its work folders) never runs here, nor multiprocessing's. Set once, by
+# the first process (the workers, kernels and ranks inherit it). What is kept between runs stays where it was:
+# pytest's tmp_path folders (the last runs', for debugging), the browser tests' screenshots and torch
+# inductor's compile cache.
+if "COURSE_SUITE_TMP" not in os.environ:
+    kept = os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(kept, f"torchinductor_{getpass.getuser()}"))
+    os.environ["COURSE_SUITE_TMP"] = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="course-suite-")
+    tempfile.tempdir = None
+    atexit.register(shutil.rmtree, os.environ["COURSE_SUITE_TMP"], ignore_errors=True)
+KEPT_TMP = Path(os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir())
 # The learner's progress record (course_lib.learn.record): the suite's check calls, in this process and in the
 # kernels it starts (they inherit it), go to a folder of their own, never the developer's home.
 os.environ["COURSE_PROGRESS_DIR"] = tempfile.mkdtemp(prefix="course-progress-")

@@ -9,7 +9,6 @@ it). The progress record lives in a temporary folder (COURSE_PROGRESS_DIR). Scre
 of the opened diff are left in the temporary directory (learn_hint.png, learn_reveal.png).
 """
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import nbformat
 import pytest
 
 from course_lib.learn import catalog, hints
+from conftest import KEPT_TMP
 from jupyter_browser import chromium, jupyter_lab, needs_browser
 from nbtools import ROOT
 
@@ -25,7 +25,7 @@ EXERCISE = ROOT / "exercises" / "00_start_here_exercises.ipynb"
 TEST = "ex00_count_parameters_test"
 WRONG = "def count_parameters(model):\n    return len(list(model.parameters()))   # tensors, not elements"
 RIGHT = "def count_parameters(model):\n    return sum(p.numel() for p in model.parameters())"
-SCREENSHOTS = Path(tempfile.gettempdir())
+SCREENSHOTS = KEPT_TMP   # kept after the run (tests/conftest.py)
 
 
 def learner_notebook(path: Path) -> None:

@@ -6,18 +6,18 @@ slideshow metadata (docs/slides.py). This test starts `jupyter lab` as `make lab
 07 there in headless Chromium and counts the slides reveal.js built. It leaves screenshots of the
 title slide and of the setup (code) subslide in the temporary directory (slides_07*.png).
 """
-import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from conftest import KEPT_TMP
 from jupyter_browser import chromium, jupyter_lab, needs_browser
 
 REPO = Path(__file__).resolve().parent.parent
 LECTURE = "notebooks/07_ddp.ipynb"
-SCREENSHOTS = Path(tempfile.gettempdir())
+SCREENSHOTS = KEPT_TMP   # kept after the run (tests/conftest.py)
 pytestmark = needs_browser
 
 
