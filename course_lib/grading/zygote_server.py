@@ -4,11 +4,12 @@ Started by course_lib.grading.zygote (the grader's side, which says why) with th
 environment only, it imports torch, torch._dynamo and IPython's shell and nothing of the course (it
 runs as a script beside jail.py: no test, no solution, no grader state is ever in its memory), says
 it is ready on the socket FD, and forks a child per request (a JSON message with the child's three
-descriptors attached), which reads that request itself: the zygote never holds one. The child (single-threaded, as a fork is) closes every descriptor but those
-three, takes the request's environment, enters the jail itself (jail.enter; not for a request with
-no work folder) and runs the code as `python -c` would: a fresh __main__, sys.argv, sys.path from
-PYTHONPATH, the C locale coerced, torch's thread count from OMP_NUM_THREADS, new random seeds
-(Python's, numpy's, torch's), atexit handlers its own, its exit code. The zygote reports each
+descriptors attached), which reads that request itself: the zygote never holds one. The child
+(single-threaded, as a fork is) closes every descriptor but those three, takes the request's
+environment, enters the jail itself (jail.enter; not for a request with no work folder) and runs
+the code as `python -c` would: a fresh __main__, sys.argv, sys.path from PYTHONPATH, the C locale
+coerced, torch's thread count from OMP_NUM_THREADS, new random seeds (Python's, numpy's, torch's),
+atexit handlers its own, its exit code. The zygote reports each
 child's exit on the socket, and ends when the socket closes, when it is orphaned, or after IDLE_S
 seconds without a child; its children die with it (parent-death signal).
 """
