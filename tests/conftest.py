@@ -4,6 +4,7 @@ import os
 import shutil
 import struct
 import tempfile
+from multiprocessing import util as mp_util
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,9 @@ if "COURSE_SUITE_TMP" not in os.environ:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(kept, f"torchinductor_{getpass.getuser()}"))
     os.environ["COURSE_SUITE_TMP"] = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="course-suite-")
     tempfile.tempdir = None
-    atexit.register(shutil.rmtree, os.environ["COURSE_SUITE_TMP"], ignore_errors=True)
+    # removed after multiprocessing removes its own folder inside it (its finalizer, exitpriority -100)
+    mp_util.Finalize(None, shutil.rmtree, args=(os.environ["COURSE_SUITE_TMP"],), kwargs={"ignore_errors": True},
+                     exitpriority=-101)
 KEPT_TMP = Path(os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir())
 # The learner's progress record (course_lib.learn.record): the suite's check calls, in this process and in the
 # kernels it starts (they inherit it), go to a folder of their own, never the developer's home.

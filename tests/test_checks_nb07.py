@@ -269,6 +269,9 @@ def test_bucket_hooks_check_passes_correct_answers_and_rejects_wrong_ones():
     answers = {"solution": _solution_source(), "set_counting": SET_COUNTING, "with_futures": WITH_FUTURES,
                "polls": _variant("            work.wait()\n", "            while not work.is_completed():\n"
                                  "                pass\n"),
+               # another collective before the wait (dist.barrier waits through Work.wait): nothing hangs
+               "barrier_first": _variant("            work.wait()\n",
+                                         "            dist.barrier()\n            work.wait()\n"),
                "stub": "def stub_hooks(buckets):\n    raise NotImplementedError()\n",
                **{k: src for k, (src, _) in WRONG_HOOKS.items()}}
     runs = launch(cases_many, 2, bucket_hook_cases, [(src, function_name(src)) for src in answers.values()],

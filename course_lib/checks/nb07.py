@@ -115,9 +115,12 @@ WIDTHS = (20, 24, 32, 16, 5)     # 4 Linear layers; the second has no bias
 BUCKET_LAYERS = ((3,), (2, 1), (0,))   # last layer first; buckets of 2, 3 and 2 parameters, each of another size
 STEPS = 2                        # the second step shows that the hooks reset after the first
 HOLD_S = 3.0   # step 1: rank 1 starts backward once rank 0 waits, or after this long (a safety net for a wait
-               # not watched here, such as a barrier: a right answer that never waits as watched pays it once)
+               # not watched here: a right answer that never waits as watched pays it once)
 STARTS, RELEASED = "nb07/rank 0 starts backward", "nb07/rank 0 waits, or is done"   # store keys, for the hold
-_IS_COMPLETED, _DONE = dist.Work.is_completed, torch._C.Future.done   # unwatched: the recorder's own look
+# What rank 0 may wait with (torch.futures.wait_all and then-chains go through Future.wait), and the originals:
+# the hold watches these; the recorder looks through the originals, so its own look releases nothing.
+WATCHED = {(cls, name): getattr(cls, name) for cls in (dist.Work, torch._C.Future)
+           for name in ("wait", "is_completed" if cls is dist.Work else "done")}
 
 
 def _model() -> nn.Sequential:
@@ -151,18 +154,17 @@ class _Recorder:
         # A blocking all_reduce returns None: done. gloo completes a work's future before the work itself
         # (ProcessGroupGloo's finishWorkGloo: the future's result, then finish()), so an answer that waited on the
         # future (get_future().wait(), torch.futures.wait_all) can see is_completed() False for a moment.
-        return work is None or _IS_COMPLETED(work) or _DONE(work.get_future())
+        return (work is None or WATCHED[dist.Work, "is_completed"](work)
+                or WATCHED[torch._C.Future, "done"](work.get_future()))
 
 
 class _Hold:
     """Step 1's hold: rank 1 starts its backward only once rank 0 has started waiting for an all-reduce, or has
     returned from finish() (HOLD_S at most). No all-reduce of rank 0 can complete before rank 1 launches it."""
-    WATCHED = ((dist.Work, "wait"), (dist.Work, "is_completed"), (torch._C.Future, "wait"), (torch._C.Future, "done"))
 
     def __init__(self, rank: int):
         self.rank, self.armed = rank, False
         self.store = dist.distributed_c10d._get_default_store()
-        self.originals = [getattr(cls, name) for cls, name in self.WATCHED]
 
     def __enter__(self):
         def watched(original):
@@ -170,12 +172,12 @@ class _Hold:
                 self.release()            # rank 0 starts to wait: now rank 1 may launch
                 return original(obj, *args, **kwargs)
             return call
-        for (cls, name), original in zip(self.WATCHED, self.originals):
+        for (cls, name), original in WATCHED.items():
             setattr(cls, name, watched(original))
         return self
 
     def __exit__(self, *exc) -> None:
-        for (cls, name), original in zip(self.WATCHED, self.originals):
+        for (cls, name), original in WATCHED.items():
             setattr(cls, name, original)
 
     def start(self, step: int) -> None:
