@@ -12,6 +12,7 @@ import torch
 from hypothesis import settings
 
 
+import fork_kernels
 from course_lib.data import find_mnist
 
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -41,6 +42,10 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# Notebook kernels (nbval's lectures, the exercise runs) forked from a template that imported torch, started with
+# the kernel's own environment (after the thread settings above): tests/fork_kernels.py says what acts as in a fresh one.
+fork_kernels.install()
 
 # Property tests of the checks (tests/test_checks_*.py): drawn inputs, the same every run (derandomize, no example
 # database written into the clone), no per-example deadline (a busy machine is slow, not wrong). Each test says
@@ -89,6 +94,22 @@ def pytest_collection_modifyitems(items):
     long = {item.nodeid.split("::")[0] for item in items
             if item.get_closest_marker("slow") or item.nodeid.split("::")[0].endswith(".ipynb")}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in long)
+
+
+@pytest.fixture(autouse=True)
+def suite_environment():
+    """Each test starts in the suite's environment: what a test, or the code it called, changed in os.environ is
+    put back afterwards (course_lib.frameworks sets KERAS_BACKEND, as a learner's kernel needs). Later tests see
+    the suite's, and so do their kernels: only kernels started in it are forked (tests/fork_kernels.py)."""
+    def variables():
+        return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}   # pytest's, changing per phase
+    saved = variables()
+    yield
+    changed = variables()
+    if changed != saved:
+        for name in changed.keys() - saved.keys():
+            del os.environ[name]
+        os.environ.update(saved)
 
 
 @pytest.fixture

@@ -97,17 +97,14 @@ def test_a_local_build_label_is_the_same_release():
     assert [d.name for d in versions.differences_from([pin])] == []
 
 
-def test_bad_lock_files_are_named_errors(tmp_path):
+def test_bad_lock_files_are_named_errors(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="missing.lock"):
         versions.locked(tmp_path / "missing.lock")
     with pytest.raises(ValueError, match="not a lock file"):
         versions.locked(write_lock(tmp_path / "x.lock", "torch>=2", "# nothing pinned"))
     out = io.StringIO()
-    os.environ[versions.ENV_VAR] = str(tmp_path / "missing.lock")
-    try:
-        versions.report(out)
-    finally:
-        del os.environ[versions.ENV_VAR]
+    monkeypatch.setenv(versions.ENV_VAR, str(tmp_path / "missing.lock"))   # put back afterwards: make test sets it
+    versions.report(out)
     assert "cannot compare" in out.getvalue() and "missing.lock" in out.getvalue()
 
 

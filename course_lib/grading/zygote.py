@@ -12,6 +12,9 @@ torch, torch._dynamo and IPython's shell and nothing of the course, then forks a
 A request whose locale or PYTHON* variables differ from the zygote's is exec'd instead: those act
 only when an interpreter starts.
 
+`start(env)` gives a caller a zygote of its own, started with the environment it is given (the test suite
+forks its notebook kernels, not jailed, from one started with the suite's: tests/fork_kernels.py).
+
 `popen` returns a Popen-like handle (pid, stdin, stdout, poll, wait, returncode) whose exit code the
 zygote reports; kill it with processes.kill_tree as any other. Where the zygote cannot run (no jail
 for a jailed request, not Linux, a command that is not `python -c`, a zygote that failed to start) it
@@ -45,11 +48,11 @@ class _Record:
 
 
 class Process:
-    """A jailed process the zygote forked, used as a subprocess.Popen is (pid, stdin, stdout, poll, wait)."""
+    """A process the zygote forked, used as a subprocess.Popen is (pid, stdin, stdout, stderr, poll, wait)."""
 
-    def __init__(self, zygote: _Zygote, pid: int, record: _Record, args: list, stdin, stdout):
+    def __init__(self, zygote: _Zygote, pid: int, record: _Record, args: list, stdin, stdout, stderr):
         self._zygote, self._record, self.pid, self.args = zygote, record, pid, args
-        self.stdin, self.stdout = stdin, stdout
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
 
     @property
     def returncode(self) -> int | None:
@@ -76,9 +79,10 @@ class Process:
 
 
 class _Zygote:
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, idle_s: float | None = None):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(zygote_server.__file__), str(theirs.fileno()), str(IDLE_S)],
+        idle_s = IDLE_S if idle_s is None else idle_s
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(zygote_server.__file__), str(theirs.fileno()), str(idle_s)],
                                      pass_fds=[theirs.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
@@ -171,6 +175,16 @@ def _get() -> _Zygote | None:
         return _zygote
 
 
+def start(env: dict, idle_s: float | None = None) -> _Zygote:
+    """A zygote of the caller's own, started with `env` exactly, for popen(..., zygote=it): for processes whose
+    whole environment must act at start-up as in a fresh Python (the test suite's notebook kernels: torch reads
+    its variables when imported), where the grading zygote starts with the allow-listed ones. It ends with this
+    process, or after `idle_s` (default IDLE_S) without a child. OSError where it cannot run."""
+    zygote = _Zygote(env, idle_s)
+    atexit.register(zygote.close)
+    return zygote
+
+
 def _starts_as(env: dict, zygote_env: dict) -> bool:
     """Whether a Python started with `env` starts as the zygote did, but for what a child sets (_BECOME): the
     locale (UTF-8 mode, stream encodings) and PYTHON* variables (warnings, hash seed, ...) act only at start-up."""
@@ -201,17 +215,19 @@ def _descriptor(spec, number: int, keep: list, send: list, close: list) -> None:
         raise OSError(f"the zygote cannot pass {spec!r} as descriptor {number}")
 
 
-def popen(argv: list, work, hide, limits, env: dict, cwd, stdin=None, stdout=None, stderr=None, user: bool = True):
+def popen(argv: list, work, hide, limits, env: dict, cwd, stdin=None, stdout=None, stderr=None, user: bool = True,
+          zygote: _Zygote | None = None):
     """`argv` jailed in `work` (jail.wrap's arguments: as nobody if `user` and possible; work=None: not jailed,
     `env` exactly, as processes.start runs a command), forked from the zygote where argv is `python -c` with
     this Python, else exec'd; a Process or subprocess.Popen, in a session of its own either way.
-    stdin, stdout, stderr: as Popen takes them (STDOUT only where it is exec'd)."""
+    stdin, stdout, stderr: as Popen takes them (STDOUT only where it is exec'd). zygote: one from start() (exec'd
+    once it has ended); by default this process's own, started with the allow-listed environment."""
     argv = [str(a) for a in argv]
     jailed = work is not None
     user = jailed and user and os.geteuid() == 0 and jail.can_drop_user()
     if argv[:2] == [sys.executable, "-c"] and len(argv) >= 3 and (jail.available() is None if jailed
                                                                    else jail._libc is not None):
-        zygote = _get()
+        zygote = _get() if zygote is None else zygote if zygote.alive and zygote.owner == os.getpid() else None
         if zygote is not None and _starts_as(env, zygote.env):
             keep, send, close = [], [], []
             try:
@@ -222,7 +238,7 @@ def popen(argv: list, work, hide, limits, env: dict, cwd, stdin=None, stdout=Non
                            "user": user, "rlimits": [f"{k}={v}" for k, v in (limits.rlimits().items() if limits else ())],
                            "env": env, "cwd": os.path.abspath(cwd)}
                 pid, record = zygote.spawn(request, send)
-                return Process(zygote, pid, record, argv, keep[0], keep[1])
+                return Process(zygote, pid, record, argv, *keep)
             except OSError:
                 for stream in keep:
                     if stream is not None:

@@ -105,6 +105,7 @@ def _fork_reader(sock, base: dict) -> tuple[int, bytes]:
     if pid == 0:
         os.close(said_read)
         try:
+            os.setsid()   # before it says it read: whoever gets the pid finds it in a session and group of its own
             request, fds = receive(sock)
             os.write(say_read, b"end" if request is None else b"read")
             os.close(say_read)
@@ -140,8 +141,7 @@ def _pythonpath(env) -> list[str]:
 
 
 def _child(request: dict, fds: list[int], sock, base: dict) -> None:
-    """In the forked child: become the jailed `python -c` the request asked for."""
-    os.setsid()
+    """In the forked child (in a session of its own): become the jailed `python -c` the request asked for."""
     jail._libc.prctl(jail.PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != base["zygote"]:   # the zygote died before the signal was set
         os._exit(1)
