@@ -1,15 +1,18 @@
 """The checks of exercise notebook 16 pass the reference solutions and fail stubs and wrong answers."""
+import functools
+import importlib.util
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-pytest.importorskip("lightning")
+from course_lib.checks.nb16 import check_horovod_loop, check_like_trainer, check_trainer_flags
+from nbtools import ROOT, notebook_namespace
 
-from course_lib.checks.nb16 import check_horovod_loop, check_like_trainer, check_trainer_flags  # noqa: E402
-from nbtools import ROOT, notebook_namespace  # noqa: E402
-
-NS = notebook_namespace(ROOT / "solutions" / "16_frameworks_exercises.ipynb")
+# lightning and the solution (which imports it) are loaded by the first test, not at collection (seconds per worker)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning is not installed")
+solution = functools.cache(lambda: notebook_namespace(ROOT / "solutions" / "16_frameworks_exercises.ipynb"))
 
 
 def stub(*args):
@@ -17,8 +20,8 @@ def stub(*args):
 
 
 def test_reference_solutions_pass():
-    check_like_trainer(NS["train_epoch_like_trainer"])
-    check_trainer_flags(NS["trainer_flags"])
+    check_like_trainer(solution()["train_epoch_like_trainer"])
+    check_trainer_flags(solution()["trainer_flags"])
 
 
 def test_stubs_fail():
@@ -329,7 +332,7 @@ def test_a_graded_answer_gets_a_model_it_can_receive(monkeypatch):
 
     def as_the_sandbox_gets_it(model, *args):
         hooks.append(len(model._forward_pre_hooks))
-        return NS["train_epoch_like_trainer"](pickle.loads(pickle.dumps(model)), *args)
+        return solution()["train_epoch_like_trainer"](pickle.loads(pickle.dumps(model)), *args)
 
     with pytest.raises(AssertionError, match="differ from the Trainer.*Look at after which batches"):
         check_like_trainer(lambda model, *args: as_the_sandbox_gets_it(model, *args) if args[2] == 1

@@ -1,17 +1,25 @@
 """course_lib.frameworks: the LightningModule trains as course_lib.train does; counting code lines; flag mappings."""
 import copy
+import importlib.util
 import inspect
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-L = pytest.importorskip("lightning.pytorch")
+from conftest import needs_mnist
+from course_lib.data import TensorLoader
+from course_lib.loop import fit
 
-from conftest import needs_mnist  # noqa: E402
-from course_lib import frameworks  # noqa: E402
-from course_lib.data import TensorLoader  # noqa: E402
-from course_lib.loop import fit  # noqa: E402
+# found, not imported: lightning loads at the first test that trains with it, not at collection (seconds per worker)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning is not installed")
+
+
+@pytest.fixture(scope="module")
+def frameworks():
+    """course_lib.frameworks, which imports lightning."""
+    from course_lib import frameworks
+    return frameworks
 
 SAMPLE = '''
 def outer(a):
@@ -30,13 +38,13 @@ def outer(a):
 '''
 
 
-def test_code_lines_skip_blank_lines_comments_and_docstrings():
+def test_code_lines_skip_blank_lines_comments_and_docstrings(frameworks):
     lines = frameworks.code_lines(SAMPLE)
     assert [ln.strip().split()[0] for ln in lines] == ["def", "if", "b", "c", "for", "print(\"checkpoint\",", "def",
                                                        "return", "return"]
 
 
-def test_engineering_table_finds_every_job_in_course_lib():
+def test_engineering_table_finds_every_job_in_course_lib(frameworks):
     rows = frameworks.engineering_table()
     assert len(rows) == len(frameworks.ENGINEERING_JOBS) == 5
     assert all(r["lines"] > 0 and r["course_lib"] and r["lightning"] for r in rows)
@@ -45,7 +53,7 @@ def test_engineering_table_finds_every_job_in_course_lib():
     assert "`strategy.setup_strategy`" in rows[0]["course_lib"]
 
 
-def test_engineering_table_counts_whole_objects_so_a_renamed_local_changes_nothing():
+def test_engineering_table_counts_whole_objects_so_a_renamed_local_changes_nothing(frameworks):
     from course_lib import strategy
 
     objects = (strategy.DDP, strategy.Strategy.gather, strategy.Strategy.barrier, strategy.Strategy.sum,
@@ -60,7 +68,7 @@ def tiny_data(n=7 * 16, seed=0):
     return torch.randn(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
-def test_lit_classifier_trains_exactly_like_course_lib_fit():
+def test_lit_classifier_trains_exactly_like_course_lib_fit(frameworks):
     """One device, the same batches: Lightning's loop == course_lib.loop.fit (Adam + one-cycle per step)."""
     x, y = tiny_data()
     torch.manual_seed(0)
@@ -77,7 +85,7 @@ def test_lit_classifier_trains_exactly_like_course_lib_fit():
 
 
 @pytest.mark.parametrize("accumulate,clip", [(1, None), (2, 0.05), (3, None), (3, 0.01)])
-def test_manual_accumulate_and_clip_matches_the_trainer_flags(accumulate, clip):
+def test_manual_accumulate_and_clip_matches_the_trainer_flags(accumulate, clip, frameworks):
     x, y = tiny_data()
     loader = DataLoader(TensorDataset(x, y), batch_size=16)
     torch.manual_seed(1)
@@ -94,7 +102,7 @@ def test_manual_accumulate_and_clip_matches_the_trainer_flags(accumulate, clip):
         assert any(not torch.allclose(a, b) for a, b in zip(manual.parameters(), unclipped.parameters()))
 
 
-def test_flag_probe_sees_bf16_autocast():
+def test_flag_probe_sees_bf16_autocast(frameworks):
     x, y = tiny_data(32)
     probe = frameworks.FlagProbe(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)))
     frameworks.fit_quietly(probe, DataLoader(TensorDataset(x, y), batch_size=16), precision="bf16-mixed")
@@ -103,7 +111,7 @@ def test_flag_probe_sees_bf16_autocast():
 
 
 @needs_mnist
-def test_mnist_dataloaders():
+def test_mnist_dataloaders(frameworks):
     train, val = frameworks.mnist_dataloaders(batch_size=32, train_subset=96, val_subset=50)
     x, y = next(iter(train))
     assert x.shape == (32, 1, 28, 28) and y.dtype == torch.int64 and len(train) == 3
@@ -112,7 +120,7 @@ def test_mnist_dataloaders():
 
 # --- the other frameworks: Ignite, Keras 3; the feature table -----------------------------------------------
 
-def test_features_table_names_real_apis():
+def test_features_table_names_real_apis(frameworks):
     rows = frameworks.features_table()    # an API that moved raises AttributeError here
     assert [r["job"] for r in rows] == [job for job, _ in frameworks.FEATURES]
     for row in rows:

@@ -1,5 +1,6 @@
 """int8 inference through PyTorch's APIs: each route that exists here is correct and 4x smaller;
 routes that are missing are reported, never crashed on."""
+import functools
 import sys
 
 import pytest
@@ -9,7 +10,7 @@ from course_lib.compression import int8
 from course_lib.compression.measure import serialized_bytes
 from course_lib.models import LeNet300
 
-AVAILABLE = int8.available_apis()
+available = functools.cache(int8.available_apis)   # at the first test, not at collection (imports torchao)
 
 
 @pytest.fixture(scope="module")
@@ -21,15 +22,15 @@ def model_and_batches():
 
 
 def test_available_apis_names_every_route():
-    assert list(AVAILABLE) == list(int8.APIS)
-    assert all(reason is None or (isinstance(reason, str) and reason) for reason in AVAILABLE.values())
+    assert list(available()) == list(int8.APIS)
+    assert all(reason is None or (isinstance(reason, str) and reason) for reason in available().values())
     assert set(int8.AUTO_ORDER) <= set(int8.APIS) and set(int8.DEPRECATED) <= set(int8.APIS)
 
 
 @pytest.mark.parametrize("api", int8.APIS)
 def test_each_available_route_is_close_to_fp32_and_about_4x_smaller(api, model_and_batches):
-    if AVAILABLE[api]:
-        pytest.skip(AVAILABLE[api])
+    if available()[api]:
+        pytest.skip(available()[api])
     model, batches = model_and_batches
     before = {k: v.clone() for k, v in model.state_dict().items()}
     qmodel, used = int8.int8_model(model, batches if api in int8.CALIBRATED else None, api=api)
@@ -48,7 +49,7 @@ def test_each_available_route_is_close_to_fp32_and_about_4x_smaller(api, model_a
 
 def test_auto_takes_the_first_usable_route(model_and_batches):
     model, batches = model_and_batches
-    usable = [a for a in int8.AUTO_ORDER if AVAILABLE[a] is None]
+    usable = [a for a in int8.AUTO_ORDER if available()[a] is None]
     if not usable:
         with pytest.raises(RuntimeError, match="no int8 API usable"):
             int8.int8_model(model, batches)
@@ -76,8 +77,8 @@ def test_missing_packages_are_reported_not_crashed_on(monkeypatch, model_and_bat
 
 
 def test_auto_falls_back_to_the_maintained_route_when_torch_ao_is_gone(monkeypatch, model_and_batches):
-    if AVAILABLE["torchao-pt2e"]:
-        pytest.skip(AVAILABLE["torchao-pt2e"])
+    if available()["torchao-pt2e"]:
+        pytest.skip(available()["torchao-pt2e"])
     model, batches = model_and_batches
     real = int8._why_not
     monkeypatch.setattr(int8, "_why_not", lambda api: "removed" if api in int8.DEPRECATED else real(api))
@@ -95,15 +96,16 @@ def test_auto_falls_back_to_the_maintained_route_when_torch_ao_is_gone(monkeypat
      "at least one batch|not usable"),
 ])
 def test_bad_input_is_refused_with_a_clear_message(kwargs, error, match, model_and_batches):
-    if kwargs["api"] in int8.APIS and AVAILABLE[kwargs["api"]] and error is ValueError:
-        pytest.skip(AVAILABLE[kwargs["api"]])
+    if kwargs["api"] in int8.APIS and available()[kwargs["api"]] and error is ValueError:
+        pytest.skip(available()[kwargs["api"]])
     with pytest.raises(error, match=match):
         int8.int8_model(model_and_batches[0], **kwargs)
 
 
-@pytest.mark.skipif(AVAILABLE["torchao-pt2e"] is not None, reason="torchao-pt2e is not usable here")
 def test_a_pt2e_conversion_that_leaves_float_weights_is_refused_by_name(model_and_batches, monkeypatch):
     """Seen with torch 2.11 + torchao 0.18: convert_pt2e kept fp32 weights, and the model was not smaller."""
+    if available()["torchao-pt2e"]:
+        pytest.skip(available()["torchao-pt2e"])
     from torchao.quantization.pt2e import quantize_pt2e
     model, batches = model_and_batches
     monkeypatch.setattr(quantize_pt2e, "convert_pt2e", lambda prepared: prepared)   # no folding at all

@@ -8,6 +8,7 @@ test_checks_practicum_make_it_small.py, a practicum (solution and release). Scal
 again here: it adds no path these two do not take (and nbgrader grades every student as the defaults variant;
 the instructor guide sends the practica to the course's grader).
 """
+import importlib.util
 import os
 import shutil
 import sys
@@ -19,9 +20,8 @@ from traitlets.config import Config
 
 from nbtools import ROOT
 
-pytest.importorskip("nbgrader")
-from nbgrader.api import Gradebook  # noqa: E402
-from nbgrader.apps import NbGraderAPI  # noqa: E402
+# found, not imported: nbgrader loads at the first course a test builds (seconds per worker at collection)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("nbgrader") is None, reason="nbgrader is not installed")
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
@@ -34,6 +34,7 @@ def environment_bin_on_path(monkeypatch):
 
 
 def course(tmp_path, assignment, notebooks):
+    from nbgrader.apps import NbGraderAPI
     config = Config()
     config.CourseDirectory.root = str(tmp_path)
     config.CourseDirectory.course_id = "course"
@@ -51,6 +52,7 @@ def course(tmp_path, assignment, notebooks):
 
 def autograde(api, tmp_path, assignment, student, notebooks: dict) -> dict:
     """Submit {name: notebook path} as `student`, autograde, return {grade_id: score} (and the totals)."""
+    from nbgrader.api import Gradebook
     folder = tmp_path / "submitted" / student / assignment
     folder.mkdir(parents=True)
     for name, path in notebooks.items():
