@@ -33,12 +33,16 @@ _template: zygote._Zygote | None = None
 failed: str | None = None      # why the template could not start (e.g. OpenBLAS's threads: no OMP_NUM_THREADS)
 
 
+def _steady(env) -> dict:
+    return {k: v for k, v in env.items() if k not in PER_KERNEL}
+
+
 def _template_for(env: dict):
     """The template, started at the first kernel; None for a kernel in another environment or without one."""
     global _template, failed
-    if _base is None or failed or {k: v for k, v in env.items() if k not in PER_KERNEL} != _base:
+    if _base is None or failed or _steady(env) != _base:
         return None
-    if _template is None or not (_template.alive and _template.owner == os.getpid()):
+    if _template is None or not _template.usable:
         try:   # kept for the worker's life (it ends with it): the suite starts a kernel every minute or two
             _template = zygote.start(_base, idle_s=24 * 3600)
         except OSError as exc:
@@ -63,5 +67,5 @@ def install() -> None:
     """Fork the kernels of this process that start in the environment it has now."""
     global _base
     if os.environ.get("COURSE_FORK_KERNELS", "1") != "0":
-        _base = {k: v for k, v in os.environ.items() if k not in PER_KERNEL}
+        _base = _steady(os.environ)
         local_provisioner.launch_kernel = launch_kernel

@@ -186,6 +186,37 @@ def test_no_child_inherits_an_earlier_request(tmp_path):
     assert found[1] == 0, f"a child found an earlier request's marker {found[1]} times in the memory it inherited"
 
 
+def test_a_zygote_of_ones_own_forks_in_its_environment_and_is_execd_once_it_ended(tmp_path):
+    own = zygote.start({**ENV, "COURSE_ZYGOTE_PROBE": "own"}, idle_s=1.0)
+    code = "import os, sys; print(os.getppid(), os.environ['COURSE_ZYGOTE_PROBE']); print('err', file=sys.stderr)"
+    env = {**ENV, "COURSE_ZYGOTE_PROBE": "own"}
+    child = zygote.popen([sys.executable, "-c", code], None, (), None, env, tmp_path, subprocess.DEVNULL,
+                         subprocess.PIPE, subprocess.PIPE, zygote=own)
+    assert isinstance(child, zygote.Process)
+    assert child.stdout.read().split() == [str(own.proc.pid).encode(), b"own"] and child.stderr.read() == b"err\n"
+    assert child.wait(timeout=60) == 0
+    assert own.proc.wait(timeout=30) == 0, "the zygote outlived its idle_s without a child"
+    deadline = time.monotonic() + 10   # this process's reader thread sees the socket close
+    while own.usable and time.monotonic() < deadline:
+        time.sleep(0.05)
+    again = zygote.popen([sys.executable, "-c", code], None, (), None, env, tmp_path, subprocess.DEVNULL,
+                         subprocess.PIPE, subprocess.DEVNULL, zygote=own)
+    assert isinstance(again, subprocess.Popen) and again.stdout.read().split()[1] == b"own"
+    assert again.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("env, idle_s, error, match", [
+    ("PATH=/bin", None, TypeError, "env must be a dict"),
+    ({"OMP_NUM_THREADS": 1}, None, TypeError, "env must be a dict .* str values"),
+    (ENV, 0, ValueError, "idle_s must be a number of seconds > 0"),
+    (ENV, True, ValueError, "idle_s must be"),
+    (ENV, "60", ValueError, "idle_s must be"),
+])
+def test_start_refuses_bad_input_by_name(env, idle_s, error, match):
+    with pytest.raises(error, match=match):
+        zygote.start(env, idle_s)
+
+
 def test_messages_carry_descriptors_and_a_truncated_or_empty_one_reads_as_the_end(tmp_path):
     from course_lib.grading.zygote_server import receive, send
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

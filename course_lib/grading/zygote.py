@@ -137,6 +137,11 @@ class _Zygote:
                 reply = self.replies.pop(0)
                 return reply["pid"], reply["record"]
 
+    @property
+    def usable(self) -> bool:
+        """Running, and this process's: a forked copy of its owner cannot share the socket's replies."""
+        return self.alive and self.owner == os.getpid()
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -156,7 +161,7 @@ def _get() -> _Zygote | None:
     global _zygote, _failed
     from .environment import sealed
     with _lock:
-        if _zygote is not None and (_zygote.owner != os.getpid() or not _zygote.alive):
+        if _zygote is not None and not _zygote.usable:
             if _zygote.owner == os.getpid():
                 _zygote.close()
             _zygote = None
@@ -180,6 +185,10 @@ def start(env: dict, idle_s: float | None = None) -> _Zygote:
     whole environment must act at start-up as in a fresh Python (the test suite's notebook kernels: torch reads
     its variables when imported), where the grading zygote starts with the allow-listed ones. It ends with this
     process, or after `idle_s` (default IDLE_S) without a child. OSError where it cannot run."""
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise TypeError(f"env must be a dict of variable names to str values; got {type(env).__name__}")
+    if idle_s is not None and not (isinstance(idle_s, (int, float)) and not isinstance(idle_s, bool) and idle_s > 0):
+        raise ValueError(f"idle_s must be a number of seconds > 0, or None for IDLE_S; got {idle_s!r}")
     zygote = _Zygote(env, idle_s)
     atexit.register(zygote.close)
     return zygote
@@ -227,8 +236,8 @@ def popen(argv: list, work, hide, limits, env: dict, cwd, stdin=None, stdout=Non
     user = jailed and user and os.geteuid() == 0 and jail.can_drop_user()
     if argv[:2] == [sys.executable, "-c"] and len(argv) >= 3 and (jail.available() is None if jailed
                                                                    else jail._libc is not None):
-        zygote = _get() if zygote is None else zygote if zygote.alive and zygote.owner == os.getpid() else None
-        if zygote is not None and _starts_as(env, zygote.env):
+        zygote = _get() if zygote is None else zygote
+        if zygote is not None and zygote.usable and _starts_as(env, zygote.env):
             keep, send, close = [], [], []
             try:
                 for number, spec in enumerate((stdin, stdout, stderr)):
